@@ -1,0 +1,89 @@
+"""The error hierarchy shared by the whole project: one root, typed subclasses, a retriable flag."""
+
+from __future__ import annotations
+
+__all__ = [
+    "AuthenticationError",
+    "BrokerUnavailableError",
+    "ConfigError",
+    "FencedError",
+    "ShardFailedError",
+    "StreamerError",
+    "TopicNotFoundError",
+]
+
+
+class StreamerError(Exception):
+    """Root of every error this project raises on purpose.
+
+    ``retriable`` says whether trying the same thing again later can succeed.
+    """
+
+    retriable: bool = False
+
+
+class ConfigError(StreamerError, ValueError):
+    """A setting, a combination of settings or a schema file is invalid.
+
+    The message names the setting, the value that came and what is allowed.
+    """
+
+    def __init__(self, setting: str, value: object, allowed: str) -> None:
+        self.setting = setting
+        self.value = value
+        self.allowed = allowed
+        super().__init__(f"invalid setting {setting}={value!r}: {allowed}")
+
+
+class BrokerUnavailableError(StreamerError):
+    """No broker of the bootstrap list answered within the retry budget."""
+
+    retriable = True
+
+    def __init__(self, bootstrap_servers: str, detail: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        super().__init__(
+            f"no Kafka broker answered at {bootstrap_servers}: {detail}. "
+            "Check the address (--bootstrap / STREAMER_BOOTSTRAP) and that the broker is up."
+        )
+
+
+class AuthenticationError(StreamerError):
+    """The broker rejected our credentials or certificate. Not retried: it would not help."""
+
+    def __init__(self, bootstrap_servers: str, detail: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        super().__init__(
+            f"authentication with {bootstrap_servers} failed: {detail}. "
+            "Check the SASL mechanism, user name and password (or the TLS files)."
+        )
+
+
+class TopicNotFoundError(StreamerError):
+    """The topic does not exist (yet, or any more)."""
+
+    retriable = True
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        super().__init__(f"topic {topic!r} does not exist; create it or fix --topic")
+
+
+class FencedError(StreamerError):
+    """Another member with the same group_instance_id took our place in the group."""
+
+    def __init__(self, group_instance_id: str) -> None:
+        self.group_instance_id = group_instance_id
+        super().__init__(
+            f"fenced: another consumer joined with group_instance_id {group_instance_id!r}; "
+            "each worker needs a unique --worker-id"
+        )
+
+
+class ShardFailedError(StreamerError):
+    """A shard's poller thread died; the cause is chained as ``__cause__``."""
+
+    def __init__(self, shard_index: int, cause: BaseException) -> None:
+        self.shard_index = shard_index
+        super().__init__(f"shard {shard_index} failed: {type(cause).__name__}: {cause}")
+        self.__cause__ = cause

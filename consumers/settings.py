@@ -1,0 +1,275 @@
+"""ConsumerSettings: the typed, validated configuration of the Kafka shards (kafka-python names)."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+from consumers.errors import ConfigError
+
+__all__ = [
+    "AutoOffsetReset",
+    "ConsumerSettings",
+    "SaslMechanism",
+    "Secret",
+    "SecurityProtocol",
+    "SecuritySettings",
+    "ShardMode",
+]
+
+ShardMode = Literal["group", "static"]
+AutoOffsetReset = Literal["earliest", "latest", "none"]
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+_MODES = ("group", "static")
+_RESETS = ("earliest", "latest", "none")
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_BOOTSTRAP_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+
+
+class Secret:
+    """A string that never shows itself in repr, str, logs or error text.
+
+    >>> s = Secret("hunter2")
+    >>> s, str(s), s.get()
+    (Secret('***'), '***', 'hunter2')
+    """
+
+    __slots__ = ("_value",)
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    def get(self) -> str:
+        return self._value
+
+    def __repr__(self) -> str:
+        return "Secret('***')"
+
+    def __str__(self) -> str:
+        return "***"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Secret) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(self._value)
+
+    @classmethod
+    def from_env_or_file(cls, env: str, file_env: str | None = None) -> Secret | None:
+        """Read ``$env``, or the file named by ``$file_env`` (Kubernetes Secret volumes)."""
+        if file_env and os.environ.get(file_env):
+            path = os.environ[file_env]
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    return cls(fh.read().strip())
+            except OSError as exc:
+                raise ConfigError(file_env, path, f"cannot read the file: {exc.strerror}") from exc
+        value = os.environ.get(env)
+        return cls(value) if value else None
+
+
+@dataclass(frozen=True, slots=True)
+class SecuritySettings:
+    """SASL and TLS options, passed through to kafka-python under its own names."""
+
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_plain_username: str | None = None
+    sasl_plain_password: Secret | None = field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_password: Secret | None = field(default=None, repr=False)
+    ssl_check_hostname: bool = True
+
+    def __post_init__(self) -> None:
+        if self.security_protocol not in _PROTOCOLS:
+            raise ConfigError("security_protocol", self.security_protocol, f"one of {_PROTOCOLS}")
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl:
+            if self.sasl_mechanism not in _MECHANISMS:
+                raise ConfigError(
+                    "sasl_mechanism",
+                    self.sasl_mechanism,
+                    f"one of {_MECHANISMS} with {self.security_protocol}",
+                )
+            if not self.sasl_plain_username or self.sasl_plain_password is None:
+                raise ConfigError(
+                    "sasl_plain_username",
+                    self.sasl_plain_username,
+                    "SASL needs a user name and a password (STREAMER_SASL_PASSWORD or "
+                    "STREAMER_SASL_PASSWORD_FILE)",
+                )
+        elif self.sasl_mechanism is not None:
+            raise ConfigError(
+                "sasl_mechanism",
+                self.sasl_mechanism,
+                "only allowed with security_protocol SASL_PLAINTEXT or SASL_SSL",
+            )
+        for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+            path = getattr(self, name)
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(name, path, "must name an existing PEM file")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ConfigError(
+                "ssl_certfile", self.ssl_certfile, "a client certificate needs ssl_keyfile too"
+            )
+
+    def kafka_config(self) -> dict[str, Any]:
+        """The kafka-python keyword arguments for these options (secrets revealed only here)."""
+        out: dict[str, Any] = {"security_protocol": self.security_protocol}
+        if self.sasl_mechanism:
+            out["sasl_mechanism"] = self.sasl_mechanism
+            out["sasl_plain_username"] = self.sasl_plain_username
+            assert self.sasl_plain_password is not None
+            out["sasl_plain_password"] = self.sasl_plain_password.get()
+        if self.security_protocol.endswith("SSL"):
+            out["ssl_check_hostname"] = self.ssl_check_hostname
+            for name in ("ssl_cafile", "ssl_certfile", "ssl_keyfile"):
+                if getattr(self, name):
+                    out[name] = getattr(self, name)
+            if self.ssl_password is not None:
+                out["ssl_password"] = self.ssl_password.get()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerSettings:
+    """Everything a shard needs to consume one topic. Validated on construction.
+
+    >>> s = ConsumerSettings(bootstrap_servers="127.0.0.1:9092", topic="samples", group_id="g")
+    >>> s.mode, s.auto_offset_reset, s.num_shards
+    ('group', 'earliest', 2)
+    """
+
+    bootstrap_servers: str
+    topic: str
+    group_id: str = "streamer"
+    mode: ShardMode = "group"
+    partitions: tuple[int, ...] | None = None
+    num_shards: int = 2
+    worker_id: str = "worker-0"
+    auto_offset_reset: AutoOffsetReset = "earliest"
+    max_poll_records: int = 1000
+    fetch_max_bytes: int = 52_428_800
+    max_partition_fetch_bytes: int = 1_048_576
+    max_poll_interval_ms: int = 300_000
+    session_timeout_ms: int = 45_000
+    heartbeat_interval_ms: int = 3_000
+    request_timeout_ms: int = 30_000
+    poll_timeout_ms: int = 100
+    queue_max_blocks: int = 8
+    client_id: str = "streamer"
+    bootstrap_timeout_ms: int = 10_000
+    security: SecuritySettings = field(default_factory=SecuritySettings)
+
+    def __post_init__(self) -> None:
+        servers = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+        if not servers or not all(_BOOTSTRAP_RE.match(s) for s in servers):
+            raise ConfigError(
+                "bootstrap_servers", self.bootstrap_servers, "a comma-separated list of host:port"
+            )
+        if not self.topic or not re.fullmatch(r"[A-Za-z0-9._\-]{1,249}", self.topic):
+            raise ConfigError("topic", self.topic, "1-249 characters of [A-Za-z0-9._-]")
+        if self.mode not in _MODES:
+            raise ConfigError("mode", self.mode, f"one of {_MODES}")
+        if self.mode == "group" and not self.group_id:
+            raise ConfigError("group_id", self.group_id, "group mode needs a consumer group id")
+        if self.mode == "static" and not self.partitions:
+            raise ConfigError(
+                "partitions", self.partitions, "static mode needs a list of partitions"
+            )
+        if self.mode == "group" and self.partitions:
+            raise ConfigError("partitions", self.partitions, "only allowed in static mode")
+        if self.partitions is not None and any(p < 0 for p in self.partitions):
+            raise ConfigError("partitions", self.partitions, "partition numbers are >= 0")
+        if self.auto_offset_reset not in _RESETS:
+            raise ConfigError("auto_offset_reset", self.auto_offset_reset, f"one of {_RESETS}")
+        positive = (
+            "num_shards",
+            "max_poll_records",
+            "fetch_max_bytes",
+            "max_partition_fetch_bytes",
+            "max_poll_interval_ms",
+            "session_timeout_ms",
+            "heartbeat_interval_ms",
+            "request_timeout_ms",
+            "poll_timeout_ms",
+            "queue_max_blocks",
+            "bootstrap_timeout_ms",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(name, value, "a positive integer")
+        if self.num_shards > 256:
+            raise ConfigError("num_shards", self.num_shards, "at most 256")
+        if self.heartbeat_interval_ms >= self.session_timeout_ms:
+            raise ConfigError(
+                "heartbeat_interval_ms",
+                self.heartbeat_interval_ms,
+                f"must be below session_timeout_ms ({self.session_timeout_ms})",
+            )
+        if self.poll_timeout_ms * 4 > self.max_poll_interval_ms:
+            raise ConfigError(
+                "poll_timeout_ms",
+                self.poll_timeout_ms,
+                f"must be well below max_poll_interval_ms ({self.max_poll_interval_ms})",
+            )
+        if not re.fullmatch(r"[A-Za-z0-9._\-]{1,200}", self.worker_id):
+            raise ConfigError("worker_id", self.worker_id, "1-200 characters of [A-Za-z0-9._-]")
+
+    @property
+    def queue_max_records(self) -> int:
+        """The most records one shard buffers before it pauses its partitions."""
+        return self.queue_max_blocks * self.max_poll_records
+
+    def group_instance_id(self, shard_index: int) -> str:
+        """Stable static-membership id: worker id + shard index."""
+        return f"{self.worker_id}-shard-{shard_index}"
+
+    def static_partitions(self, shard_index: int, num_shards: int) -> list[int]:
+        """Static mode: shard k takes the partitions p with p % N == k."""
+        assert self.partitions is not None
+        return sorted(p for p in self.partitions if p % num_shards == shard_index)
+
+    def kafka_config(self, shard_index: int) -> dict[str, Any]:
+        """kafka-python KafkaConsumer keyword arguments for one shard. Auto-commit is always off."""
+        cfg: dict[str, Any] = {
+            "bootstrap_servers": [s.strip() for s in self.bootstrap_servers.split(",")],
+            "client_id": f"{self.client_id}-{self.worker_id}-{shard_index}",
+            "enable_auto_commit": False,
+            "auto_offset_reset": self.auto_offset_reset,
+            "max_poll_records": self.max_poll_records,
+            "fetch_max_bytes": self.fetch_max_bytes,
+            "max_partition_fetch_bytes": self.max_partition_fetch_bytes,
+            "max_poll_interval_ms": self.max_poll_interval_ms,
+            "session_timeout_ms": self.session_timeout_ms,
+            "heartbeat_interval_ms": self.heartbeat_interval_ms,
+            "request_timeout_ms": self.request_timeout_ms,
+            "bootstrap_timeout_ms": self.bootstrap_timeout_ms,
+            "check_crcs": True,
+        }
+        if self.mode == "group":
+            cfg["group_id"] = self.group_id
+            cfg["group_instance_id"] = self.group_instance_id(shard_index)
+        else:
+            # Static mode still commits to the group (for monitoring and restarts), but never joins it.
+            cfg["group_id"] = self.group_id or None
+        cfg.update(self.security.kafka_config())
+        return cfg
+
+    def describe(self) -> dict[str, Any]:
+        """A loggable view: secrets shown as ***."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "security"}
+        sec = asdict(self.security)
+        for k in ("sasl_plain_password", "ssl_password"):
+            if sec.get(k) is not None:
+                sec[k] = "***"
+        out["security"] = sec
+        return out

@@ -1,0 +1,454 @@
+"""Shard: one KafkaConsumer on one poller thread, polling RecordBlocks into a bounded queue."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import kafka.errors as kerrors
+from kafka import KafkaConsumer, TopicPartition
+from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.structs import OffsetAndMetadata
+
+from consumers.block import RecordBlock
+from consumers.errors import (
+    AuthenticationError,
+    BrokerUnavailableError,
+    FencedError,
+    ShardFailedError,
+    StreamerError,
+)
+from consumers.settings import ConsumerSettings
+
+__all__ = ["Shard", "ShardHooks", "open_consumer"]
+
+log = logging.getLogger(__name__)
+
+ConsumerFactory = Callable[..., Any]
+
+_AUTH_ERRORS: tuple[type[BaseException], ...] = tuple(
+    getattr(kerrors, name)
+    for name in (
+        "AuthenticationFailedError",
+        "SaslAuthenticationFailedError",
+        "AuthenticationMethodNotSupported",
+        "IllegalSaslStateError",
+        "UnsupportedSaslMechanismError",
+        "TopicAuthorizationFailedError",
+        "GroupAuthorizationFailedError",
+    )
+    if hasattr(kerrors, name)
+)
+_FENCED_ERRORS: tuple[type[BaseException], ...] = tuple(
+    getattr(kerrors, name) for name in ("FencedInstanceIdError",) if hasattr(kerrors, name)
+)
+
+
+class ShardHooks:
+    """Callbacks a shard makes into its owner. Every method is optional (no-op by default).
+
+    Rebalance callbacks run on kafka-python's IO thread: they must not block.
+    """
+
+    def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+        """Partitions were assigned; return {partition: offset} to seek to (e.g. a checkpoint)."""
+        return {}
+
+    def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+        """Partitions are being revoked; return {partition: next offset} to commit (async)."""
+        return {}
+
+    def on_lost(self, shard_index: int, partitions: list[int]) -> None:
+        """Partitions were lost without a chance to commit (fenced or evicted)."""
+
+    def on_poll(
+        self,
+        shard_index: int,
+        records: int,
+        nbytes: int,
+        highwater: dict[int, int],
+        position: dict[int, int],
+    ) -> None:
+        """A poll returned (records may be 0); high watermarks and positions per partition."""
+
+    def on_commit(
+        self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
+    ) -> None:
+        """A commit finished."""
+
+    def on_error(self, kind: str, exc: BaseException) -> None:
+        """A Kafka error was seen (kind: connection, authentication, fenced, commit, other, ...)."""
+
+    def on_paused(self, shard_index: int, paused: int) -> None:
+        """The number of paused partitions of this shard changed."""
+
+
+def open_consumer(
+    settings: ConsumerSettings, shard_index: int, factory: ConsumerFactory = KafkaConsumer
+) -> Any:
+    """Create a KafkaConsumer for one shard, wrapping client errors in ours (no secrets in them)."""
+    cfg = settings.kafka_config(shard_index)
+    try:
+        return factory(**cfg)
+    except kerrors.NoBrokersAvailable as exc:
+        raise BrokerUnavailableError(settings.bootstrap_servers, "no brokers available") from exc
+    except kerrors.KafkaTimeoutError as exc:
+        raise BrokerUnavailableError(
+            settings.bootstrap_servers, f"timed out after {settings.bootstrap_timeout_ms} ms"
+        ) from exc
+    except _AUTH_ERRORS as exc:
+        raise AuthenticationError(settings.bootstrap_servers, type(exc).__name__) from exc
+
+
+class _Listener(ConsumerRebalanceListener):
+    def __init__(self, shard: Shard) -> None:
+        self._shard = shard
+
+    def on_partitions_revoked(self, revoked: Any) -> None:
+        self._shard._revoked([tp.partition for tp in revoked], lost=False)
+
+    def on_partitions_lost(self, lost: Any) -> None:
+        self._shard._revoked([tp.partition for tp in lost], lost=True)
+
+    def on_partitions_assigned(self, assigned: Any) -> None:
+        self._shard._assigned([tp.partition for tp in assigned])
+
+
+class Shard:
+    """One consumer shard: a poller thread fills a bounded queue of RecordBlocks.
+
+    >>> shard = Shard(settings, shard_index=0, num_shards=2)   # doctest: +SKIP
+    >>> shard.start()
+    >>> block = shard.get(timeout=1.0)      # a RecordBlock, or None when nothing came
+    >>> shard.commit({0: block.next_offsets()[0]})
+    >>> shard.close()
+
+    The poller keeps calling ``poll()`` however slowly blocks are taken, so a slow consumer
+    never exceeds ``max_poll_interval_ms``; when ``queue_max_blocks`` blocks wait it pauses
+    its partitions instead of buffering more. Commits are applied by the poller thread.
+    """
+
+    def __init__(
+        self,
+        settings: ConsumerSettings,
+        shard_index: int,
+        num_shards: int,
+        *,
+        hooks: ShardHooks | None = None,
+        consumer_factory: ConsumerFactory = KafkaConsumer,
+    ) -> None:
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
+        self.settings = settings
+        self.shard_index = shard_index
+        self.num_shards = num_shards
+        self.hooks = hooks or ShardHooks()
+        self._factory = consumer_factory
+        self._topic = settings.topic
+        self._cond = threading.Condition()
+        self._queue: collections.deque[RecordBlock] = collections.deque()
+        self._queued_records = 0
+        self._commits: dict[int, int] = {}
+        self._assigned_set: set[int] = set()
+        self._paused = False
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._consumer: Any = None
+        self._started = threading.Event()
+        self._closed = False
+        self._position: dict[int, int] = {}
+        self.last_record_monotonic = time.monotonic()
+        self.records_polled = 0
+
+    # ---- owner side -------------------------------------------------------------------------
+
+    def start(self) -> Shard:
+        """Create the consumer (raises BrokerUnavailableError/AuthenticationError) and start polling."""
+        self._consumer = open_consumer(self.settings, self.shard_index, self._factory)
+        try:
+            if self.settings.mode == "group":
+                self._consumer.subscribe(topics=[self._topic], listener=_Listener(self))
+            else:
+                parts = self.settings.static_partitions(self.shard_index, self.num_shards)
+                tps = [TopicPartition(self._topic, p) for p in parts]
+                self._consumer.assign(tps)
+                self._assigned(parts)
+        except BaseException:
+            self._consumer.close(autocommit=False)
+            raise
+        self._thread = threading.Thread(
+            target=self._run, name=f"streamer-shard-{self.shard_index}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def get(self, timeout: float) -> RecordBlock | None:
+        """The next block, or None after ``timeout`` seconds. Raises ShardFailedError if the poller died."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._queue:
+                if self._error is not None:
+                    raise ShardFailedError(self.shard_index, self._error)
+                if self._stop.is_set():
+                    return None
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+            block = self._queue.popleft()
+            self._queued_records -= len(block)
+            self._cond.notify_all()
+            return block
+
+    def commit(self, offsets: dict[int, int]) -> None:
+        """Ask the poller to commit {partition: next offset}; only owned partitions are sent."""
+        if not offsets:
+            return
+        with self._cond:
+            for p, off in offsets.items():
+                if off > self._commits.get(p, -1):
+                    self._commits[p] = off
+
+    @property
+    def assigned(self) -> frozenset[int]:
+        with self._cond:
+            return frozenset(self._assigned_set)
+
+    @property
+    def queued_records(self) -> int:
+        return self._queued_records
+
+    @property
+    def failed(self) -> BaseException | None:
+        return self._error
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop polling, commit what was requested (synchronously), close the consumer. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("shard %d: poller did not stop within %.1fs", self.shard_index, timeout)
+        if self._consumer is not None:
+            try:
+                if self._error is None:
+                    self._flush_commits(sync=True, timeout_ms=int(timeout * 1000))
+            except Exception as exc:  # the commit is also retried by the next pass / checkpoint
+                log.warning("shard %d: final commit failed: %s", self.shard_index, exc)
+            finally:
+                self._consumer.close(autocommit=False, timeout_ms=int(timeout * 1000))
+        with self._cond:
+            self._queue.clear()
+            self._queued_records = 0
+
+    def __enter__(self) -> Shard:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- poller thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        timeout_ms = self.settings.poll_timeout_ms
+        backoff = 0.1
+        try:
+            while not self._stop.is_set():
+                self._apply_backpressure()
+                self._flush_commits(sync=False)
+                try:
+                    polled = consumer.poll(timeout_ms=timeout_ms)
+                except _FENCED_ERRORS as exc:
+                    self.hooks.on_error("fenced", exc)
+                    raise FencedError(self.settings.group_instance_id(self.shard_index)) from exc
+                except _AUTH_ERRORS as exc:
+                    self.hooks.on_error("authentication", exc)
+                    raise AuthenticationError(
+                        self.settings.bootstrap_servers, type(exc).__name__
+                    ) from exc
+                except kerrors.KafkaError as exc:
+                    if not getattr(exc, "retriable", False) and not isinstance(
+                        exc, (kerrors.KafkaConnectionError, kerrors.KafkaTimeoutError)
+                    ):
+                        raise
+                    self.hooks.on_error("connection", exc)
+                    log.warning(
+                        "shard %d: poll failed (%s), retrying in %.1fs",
+                        self.shard_index,
+                        exc,
+                        backoff,
+                    )
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                backoff = 0.1
+                self._emit(polled)
+        except BaseException as exc:
+            if not isinstance(exc, StreamerError):
+                log.error("shard %d: poller failed: %r", self.shard_index, exc)
+            self._error = exc
+        finally:
+            with self._cond:
+                self._cond.notify_all()
+
+    def _emit(self, polled: dict[Any, list[Any]]) -> None:
+        values: list[bytes] = []
+        partitions: list[int] = []
+        offsets: list[int] = []
+        timestamps: list[int] = []
+        for tp, records in polled.items():
+            n = len(records)
+            if not n:
+                continue
+            partitions.extend([tp.partition] * n)
+            for r in records:
+                values.append(r.value if r.value is not None else b"")
+                offsets.append(r.offset)
+                timestamps.append(r.timestamp)
+            self._position[tp.partition] = records[-1].offset + 1
+        highwater: dict[int, int] = {}
+        for p in self._assigned_snapshot():
+            try:
+                hw = self._consumer.highwater(TopicPartition(self._topic, p))
+            except kerrors.IllegalStateError:
+                continue
+            if hw is not None:
+                highwater[p] = hw
+        block = None
+        if values:
+            block = RecordBlock.from_columns(self._topic, values, partitions, offsets, timestamps)
+            self.records_polled += len(block)
+            self.last_record_monotonic = time.monotonic()
+            with self._cond:
+                revoked = (
+                    None if not self._assigned_set else set(block.partitions()) - self._assigned_set
+                )
+                if revoked:  # a rebalance raced the poll: never queue records we no longer own
+                    block = block.without_partitions(revoked)
+                if block is not None:
+                    self._queue.append(block)
+                    self._queued_records += len(block)
+                    self._cond.notify_all()
+        self.hooks.on_poll(
+            self.shard_index,
+            len(block) if block is not None else 0,
+            block.nbytes if block is not None else 0,
+            highwater,
+            dict(self._position),
+        )
+
+    def _assigned_snapshot(self) -> list[int]:
+        with self._cond:
+            return sorted(self._assigned_set)
+
+    def _apply_backpressure(self) -> None:
+        full = len(self._queue) >= self.settings.queue_max_blocks
+        if full == self._paused:
+            return
+        tps = [TopicPartition(self._topic, p) for p in self._assigned_snapshot()]
+        if full:
+            self._consumer.pause(*tps)
+        else:
+            self._consumer.resume(*self._consumer.paused())
+        self._paused = full
+        self.hooks.on_paused(self.shard_index, len(tps) if full else 0)
+
+    def _take_commits(self) -> dict[int, int]:
+        with self._cond:
+            commits = {p: o for p, o in self._commits.items() if p in self._assigned_set}
+            self._commits.clear()
+        return commits
+
+    def _flush_commits(self, *, sync: bool, timeout_ms: int | None = None) -> None:
+        commits = self._take_commits()
+        if not commits:
+            return
+        self._send_commit(commits, sync=sync, timeout_ms=timeout_ms)
+
+    def _send_commit(
+        self, commits: dict[int, int], *, sync: bool, timeout_ms: int | None = None
+    ) -> None:
+        payload = {
+            TopicPartition(self._topic, p): OffsetAndMetadata(o, "", -1) for p, o in commits.items()
+        }
+        t0 = time.monotonic()
+        if sync:
+            try:
+                self._consumer.commit(payload, timeout_ms=timeout_ms)
+            except Exception as exc:
+                self.hooks.on_commit(commits, False, time.monotonic() - t0, type(exc).__name__)
+                self.hooks.on_error("commit", exc)
+                raise
+            self.hooks.on_commit(commits, True, time.monotonic() - t0, None)
+            return
+
+        def done(_offsets: Any, response: Any) -> None:
+            ok = not isinstance(response, BaseException)
+            err = None if ok else type(response).__name__
+            self.hooks.on_commit(commits, ok, time.monotonic() - t0, err)
+            if not ok:
+                self.hooks.on_error("commit", response)
+                log.warning("shard %d: commit of %s failed: %s", self.shard_index, commits, err)
+
+        self._consumer.commit_async(payload, callback=done)
+
+    # ---- rebalance callbacks (kafka-python IO thread: never block) --------------------------
+
+    def _assigned(self, partitions: list[int]) -> None:
+        with self._cond:
+            self._assigned_set = set(partitions)
+        log.info(
+            "shard %d: assigned partitions %s of %s", self.shard_index, partitions, self._topic
+        )
+        seeks = self.hooks.on_assigned(self.shard_index, partitions)
+        for p, off in seeks.items():
+            if p in partitions:
+                log.info(
+                    "shard %d: seeking partition %d to %d (checkpoint)", self.shard_index, p, off
+                )
+                self._consumer.seek(TopicPartition(self._topic, p), off)
+        if self._paused:
+            # New assignment starts unpaused in the client; keep our state in step.
+            self._paused = False
+
+    def _revoked(self, partitions: list[int], *, lost: bool) -> None:
+        if not partitions:
+            return
+        gone = set(partitions)
+        with self._cond:
+            self._assigned_set -= gone
+            kept: collections.deque[RecordBlock] = collections.deque()
+            self._queued_records = 0
+            for block in self._queue:
+                rest = block.without_partitions(gone)
+                if rest is not None:
+                    kept.append(rest)
+                    self._queued_records += len(rest)
+            self._queue = kept
+            for p in gone:
+                self._commits.pop(p, None)
+                self._position.pop(p, None)
+        if lost:
+            log.warning(
+                "shard %d: partitions %s lost (not committing)", self.shard_index, partitions
+            )
+            self.hooks.on_lost(self.shard_index, partitions)
+            return
+        log.info("shard %d: partitions %s revoked", self.shard_index, partitions)
+        commits = self.hooks.on_revoked(self.shard_index, partitions)
+        if commits and not self._closed:
+            try:
+                self._send_commit(commits, sync=False)
+            except Exception as exc:
+                log.warning("shard %d: commit on revoke failed: %s", self.shard_index, exc)

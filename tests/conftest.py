@@ -1,0 +1,85 @@
+"""Shared fixtures: a real Kafka broker for the session, fresh topics and group ids per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KAFKA_SH = ROOT / "deploy" / "local" / "kafka.sh"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    """Bootstrap address of a real broker: $KAFKA_BOOTSTRAP, or one started by deploy/local/kafka.sh."""
+    given = os.environ.get("KAFKA_BOOTSTRAP")
+    if given:
+        yield given
+        return
+    proc = subprocess.run(
+        ["bash", str(KAFKA_SH), "start"], capture_output=True, text=True, timeout=600, check=False
+    )
+    print(proc.stderr, end="")
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        msg = f"could not start the local Kafka broker (exit {proc.returncode}):\n{proc.stderr[-3000:]}"
+        if _in_ci():
+            pytest.fail(msg, pytrace=False)
+        pytest.skip(msg)
+    address = lines[-1]
+    os.environ["KAFKA_BOOTSTRAP_STARTED"] = address
+    yield address
+    # The broker stays up for reuse by the next run; CI stops it in .ci/run.
+
+
+@pytest.fixture
+def kafka_admin(kafka_bootstrap: str) -> Iterator[object]:
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="streamer-tests")
+    yield admin
+    admin.close()
+
+
+@pytest.fixture
+def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
+    """Factory: a fresh topic with the given partition count, deleted after the test."""
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap, client_id="streamer-tests-topics")
+    created: list[str] = []
+
+    def make(
+        partitions: int = 1, *, prefix: str = "t", config: dict[str, str] | None = None
+    ) -> str:
+        name = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        spec: dict[str, object] = {"num_partitions": partitions, "replication_factor": 1}
+        if config:
+            spec["topic_configs"] = config
+        admin.create_topics({name: spec}, wait_for_metadata=True)
+        created.append(name)
+        return name
+
+    yield make
+    try:
+        if created:
+            admin.delete_topics(created)
+    except Exception as exc:  # a test may have deleted its topic itself
+        print(f"topic clean-up: {exc}")
+    finally:
+        admin.close()
+
+
+@pytest.fixture
+def group_id() -> str:
+    """A fresh consumer group id."""
+    return f"g-{uuid.uuid4().hex[:12]}"
