@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -60,16 +61,19 @@ class Secret:
         return hash(self._value)
 
     @classmethod
-    def from_env_or_file(cls, env: str, file_env: str | None = None) -> Secret | None:
+    def from_env_or_file(
+        cls, env: str, file_env: str | None = None, environ: Mapping[str, str] | None = None
+    ) -> Secret | None:
         """Read ``$env``, or the file named by ``$file_env`` (Kubernetes Secret volumes)."""
-        if file_env and os.environ.get(file_env):
-            path = os.environ[file_env]
+        environ = os.environ if environ is None else environ
+        if file_env and environ.get(file_env):
+            path = environ[file_env]
             try:
                 with open(path, encoding="utf-8") as fh:
                     return cls(fh.read().strip())
             except OSError as exc:
                 raise ConfigError(file_env, path, f"cannot read the file: {exc.strerror}") from exc
-        value = os.environ.get(env)
+        value = environ.get(env)
         return cls(value) if value else None
 
 

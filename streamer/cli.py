@@ -1,0 +1,188 @@
+"""The ``streamer`` command: run the worker, simulate a producer, show a group's lag."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from consumers.errors import ConfigError, StreamerError
+
+__all__ = ["main"]
+
+log = logging.getLogger("streamer")
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            out["exception"] = self.formatException(record.exc_info)
+        return json.dumps(out)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    """The library never configures logging; the CLI does, once."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # kafka-python is chatty at INFO (every connection and rebalance step).
+    logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
+
+
+def _quiet_tensorflow() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def _parser() -> argparse.ArgumentParser:
+    from streamer import __version__
+    from streamer.config import add_run_arguments
+
+    parser = argparse.ArgumentParser(
+        prog="streamer",
+        description="Train a TensorFlow model continuously on msgpack records from Kafka.",
+    )
+    parser.add_argument("--version", action="version", version=f"streamer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    run = sub.add_parser(
+        "run",
+        help="run the worker (with no --bootstrap: on the embedded simulator)",
+        description=(
+            "Run the long-running training worker. Every option can also come from a TOML config "
+            "file (--config) and from STREAMER_* environment variables; flags win over the "
+            "environment, which wins over the file. Secrets only from the environment: "
+            "STREAMER_SASL_PASSWORD or STREAMER_SASL_PASSWORD_FILE, STREAMER_SSL_PASSWORD(_FILE)."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_run_arguments(run)
+
+    sim = sub.add_parser(
+        "simulate",
+        help="produce simulator samples into a topic (creates it if missing)",
+        description="Produce samples of the simulator's learnable task into a Kafka topic.",
+    )
+    sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    sim.add_argument("--topic", required=True, help="topic to produce to (created if missing)")
+    sim.add_argument(
+        "--records",
+        type=int,
+        default=10_000,
+        help="records to produce; 0 = forever [default: 10000]",
+    )
+    sim.add_argument(
+        "--partitions", type=int, default=4, help="partitions of a topic it creates [default: 4]"
+    )
+    sim.add_argument(
+        "--rate", type=float, default=None, help="records per second [default: as fast as possible]"
+    )
+    sim.add_argument(
+        "--record-bytes",
+        type=int,
+        default=0,
+        help="pad records to about this many bytes [default: 0, ~80 B]",
+    )
+    sim.add_argument("--seed", type=int, default=0, help="random seed [default: 0]")
+    sim.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="log level [default: INFO]",
+    )
+
+    lag = sub.add_parser(
+        "lag",
+        help="a consumer group's committed offset, end offset and lag per partition",
+        description="Show a group's committed offset, end offset and lag per partition, from outside the worker.",
+    )
+    lag.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    lag.add_argument("--group", required=True, help="consumer group id")
+    lag.add_argument(
+        "--topic", default=None, help="only this topic [default: every topic the group committed]"
+    )
+    lag.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from streamer.config import load_config
+
+    params = {k: v for k, v in vars(args).items() if k != "command"}
+    config = load_config(params)
+    configure_logging(config.log_level, config.log_format)
+    from streamer.worker import Worker
+
+    return Worker(config).run()
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    from streamer.simulator import produce
+
+    if args.records < 0:
+        raise ConfigError("records", args.records, "0 (forever) or a positive count")
+    if args.partitions < 1:
+        raise ConfigError("partitions", args.partitions, "a positive integer")
+    total = args.records if args.records > 0 else 2**62
+    produce(
+        args.bootstrap,
+        args.topic,
+        total,
+        partitions=args.partitions,
+        rate=args.rate,
+        record_bytes=args.record_bytes,
+        seed=args.seed,
+    )
+    return 0
+
+
+def _cmd_lag(args: argparse.Namespace) -> int:
+    configure_logging("WARNING")
+    from consumers.admin import group_lag
+
+    rows = group_lag(args.bootstrap, args.group, args.topic)
+    if args.json:
+        print(
+            json.dumps({"group": args.group, "partitions": [r.as_dict() for r in rows]}, indent=2)
+        )
+        return 0
+    print(f"{'TOPIC':<30} {'PARTITION':>9} {'COMMITTED':>12} {'END':>12} {'LAG':>10}")
+    for r in rows:
+        committed = "-" if r.committed is None else str(r.committed)
+        print(f"{r.topic:<30} {r.partition:>9} {committed:>12} {r.end:>12} {r.lag:>10}")
+    print(f"{'TOTAL':<30} {'':>9} {'':>12} {'':>12} {sum(r.lag for r in rows):>10}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    _quiet_tensorflow()
+    args = _parser().parse_args(argv)
+    handlers = {"run": _cmd_run, "simulate": _cmd_simulate, "lag": _cmd_lag}
+    try:
+        return handlers[args.command](args)
+    except ConfigError as exc:
+        print(f"streamer: error: {exc}", file=sys.stderr)
+        return 2
+    except StreamerError as exc:
+        print(f"streamer: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,561 @@
+"""WorkerConfig: the worker's settings from defaults, a TOML file, STREAMER_* variables and flags."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from consumers.errors import ConfigError
+from consumers.settings import ConsumerSettings, Secret, SecuritySettings
+from streamer.source import PipelineSettings
+
+__all__ = ["OPTIONS", "Option", "WorkerConfig", "add_run_arguments", "load_config"]
+
+ENV_PREFIX = "STREAMER_"
+
+
+def _default_worker_id() -> str:
+    # Kubernetes sets HOSTNAME to the pod name: a stable static group instance id per replica.
+    return os.environ.get("HOSTNAME") or socket.gethostname() or "worker-0"
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError as exc:
+        raise ValueError("a comma-separated list of partition numbers, e.g. 0,1,2") from exc
+
+
+def _bool(text: str) -> bool:
+    low = str(text).strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("true or false")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: flag, type, default and help; env var and TOML key derive from the name."""
+
+    name: str
+    type: Callable[[str], Any]
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+    group: str = "general"
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+_F, _I, _S, _B = float, int, str, _bool
+
+OPTIONS: tuple[Option, ...] = (
+    # Kafka
+    Option(
+        "bootstrap",
+        _S,
+        None,
+        "Kafka bootstrap servers host:port[,host:port]; unset = the embedded simulator (no Kafka)",
+        group="kafka",
+    ),
+    Option("topic", _S, "samples", "topic to consume", group="kafka"),
+    Option(
+        "group", _S, "streamer", "consumer group id (offsets are committed here)", group="kafka"
+    ),
+    Option(
+        "worker_id",
+        _S,
+        None,
+        "static group instance id prefix, unique per worker (default: $HOSTNAME, the pod name under Kubernetes)",
+        group="kafka",
+    ),
+    Option(
+        "partitions",
+        _int_list,
+        None,
+        "static mode: consume exactly these partitions (comma-separated) instead of joining the group",
+        group="kafka",
+    ),
+    Option(
+        "shards",
+        _I,
+        2,
+        "consumer shards (KafkaConsumers, each on its own poller thread)",
+        group="kafka",
+    ),
+    Option(
+        "auto_offset_reset",
+        _S,
+        "earliest",
+        "where to start without a committed offset",
+        choices=("earliest", "latest", "none"),
+        group="kafka",
+    ),
+    Option(
+        "max_poll_records",
+        _I,
+        1000,
+        "kafka-python max_poll_records: records per poll and per block",
+        group="kafka",
+    ),
+    Option(
+        "queue_max_blocks",
+        _I,
+        8,
+        "blocks a shard buffers before it pauses its partitions (backpressure)",
+        group="kafka",
+    ),
+    Option("max_poll_interval_ms", _I, 300_000, "kafka-python max_poll_interval_ms", group="kafka"),
+    Option("session_timeout_ms", _I, 45_000, "kafka-python session_timeout_ms", group="kafka"),
+    Option(
+        "dead_letter_topic",
+        _S,
+        None,
+        "topic for records that fail to decode (unset: count and skip them)",
+        group="kafka",
+    ),
+    Option(
+        "security_protocol",
+        _S,
+        "PLAINTEXT",
+        "kafka-python security_protocol",
+        choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"),
+        group="security",
+    ),
+    Option(
+        "sasl_mechanism",
+        _S,
+        None,
+        "SASL mechanism",
+        choices=("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"),
+        group="security",
+    ),
+    Option(
+        "sasl_username",
+        _S,
+        None,
+        "SASL user name (the password only from STREAMER_SASL_PASSWORD or STREAMER_SASL_PASSWORD_FILE)",
+        group="security",
+    ),
+    Option("ssl_cafile", _S, None, "CA certificate (PEM) to verify the broker", group="security"),
+    Option(
+        "ssl_certfile",
+        _S,
+        None,
+        "client certificate (PEM) for TLS client authentication",
+        group="security",
+    ),
+    Option(
+        "ssl_keyfile",
+        _S,
+        None,
+        "client key (PEM); its password only from STREAMER_SSL_PASSWORD(_FILE)",
+        group="security",
+    ),
+    # pipeline and training
+    Option("batch_size", _I, 256, "training batch size", group="training"),
+    Option(
+        "schema",
+        _S,
+        None,
+        "schema file (TOML or JSON); unset = the simulator's schema",
+        group="training",
+    ),
+    Option(
+        "model",
+        _S,
+        None,
+        "model factory package.module:function (gets the schema); unset = the built-in MLP",
+        group="training",
+    ),
+    Option("learning_rate", _F, 1e-3, "learning rate of the built-in model", group="training"),
+    Option("jit_compile", _B, False, "compile the train step with XLA", group="training"),
+    Option("mixed_precision", _B, False, "train with mixed_float16", group="training"),
+    Option(
+        "pass_records",
+        _I,
+        None,
+        "end a pass after this many records (consumers are reopened)",
+        group="training",
+    ),
+    Option("pass_seconds", _F, None, "end a pass after this many seconds", group="training"),
+    Option(
+        "idle_timeout",
+        _F,
+        10.0,
+        "end a pass when no record came for this many seconds",
+        group="training",
+    ),
+    Option("max_steps", _I, None, "stop after this many training steps", group="training"),
+    Option(
+        "stop_after_idle",
+        _F,
+        None,
+        "stop when no record came for this many seconds",
+        group="training",
+    ),
+    Option("commit_every_steps", _I, 50, "send offset commits every N steps", group="training"),
+    Option(
+        "commit_every_seconds",
+        _F,
+        5.0,
+        "... or every this many seconds, whichever comes first",
+        group="training",
+    ),
+    Option(
+        "checkpoint_dir",
+        _S,
+        None,
+        "checkpoint directory (model + optimizer + step + offsets); unset = no checkpoints",
+        group="training",
+    ),
+    Option("checkpoint_every_steps", _I, 1000, "checkpoint every N steps", group="training"),
+    Option(
+        "checkpoint_every_seconds", _F, 300.0, "... or every this many seconds", group="training"
+    ),
+    Option("checkpoint_keep", _I, 3, "checkpoints to keep", group="training"),
+    Option(
+        "audit_log",
+        _S,
+        None,
+        "append topic,partition,offset of every trained sample to this file (flushed at each commit)",
+        group="training",
+    ),
+    Option(
+        "shutdown_timeout",
+        _F,
+        25.0,
+        "seconds allowed for a clean stop after SIGTERM/SIGINT (below Kubernetes' 30 s grace)",
+        group="training",
+    ),
+    Option("seed", _I, None, "random seed for TensorFlow", group="training"),
+    # simulator
+    Option("sim_partitions", _I, 4, "embedded simulator: virtual partitions", group="simulator"),
+    Option(
+        "sim_rate",
+        _F,
+        None,
+        "embedded simulator: records/s per shard (unset: as fast as possible)",
+        group="simulator",
+    ),
+    Option(
+        "sim_record_bytes",
+        _I,
+        0,
+        "embedded simulator: pad records to about this size",
+        group="simulator",
+    ),
+    # operations
+    Option(
+        "metrics_host",
+        _S,
+        "127.0.0.1",
+        "bind address of /metrics, /healthz, /readyz (0.0.0.0 in the container image)",
+        group="operations",
+    ),
+    Option(
+        "metrics_port",
+        _I,
+        9464,
+        "port of /metrics, /healthz, /readyz; 0 disables the server",
+        group="operations",
+    ),
+    Option(
+        "log_level",
+        _S,
+        "INFO",
+        "log level",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        group="operations",
+    ),
+    Option(
+        "log_format", _S, "text", "log line format", choices=("text", "json"), group="operations"
+    ),
+    Option(
+        "status_interval",
+        _F,
+        10.0,
+        "seconds between progress log lines (a live status line on a terminal)",
+        group="operations",
+    ),
+)
+
+_BY_NAME = {o.name: o for o in OPTIONS}
+SECRET_ENV = (
+    "STREAMER_SASL_PASSWORD",
+    "STREAMER_SASL_PASSWORD_FILE",
+    "STREAMER_SSL_PASSWORD",
+    "STREAMER_SSL_PASSWORD_FILE",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """Every worker setting, validated. Build it with ``load_config``."""
+
+    bootstrap: str | None
+    topic: str
+    group: str
+    worker_id: str
+    partitions: tuple[int, ...] | None
+    shards: int
+    auto_offset_reset: str
+    max_poll_records: int
+    queue_max_blocks: int
+    max_poll_interval_ms: int
+    session_timeout_ms: int
+    dead_letter_topic: str | None
+    security_protocol: str
+    sasl_mechanism: str | None
+    sasl_username: str | None
+    ssl_cafile: str | None
+    ssl_certfile: str | None
+    ssl_keyfile: str | None
+    batch_size: int
+    schema: str | None
+    model: str | None
+    learning_rate: float
+    jit_compile: bool
+    mixed_precision: bool
+    pass_records: int | None
+    pass_seconds: float | None
+    idle_timeout: float
+    max_steps: int | None
+    stop_after_idle: float | None
+    commit_every_steps: int
+    commit_every_seconds: float
+    checkpoint_dir: str | None
+    checkpoint_every_steps: int
+    checkpoint_every_seconds: float
+    checkpoint_keep: int
+    audit_log: str | None
+    shutdown_timeout: float
+    seed: int | None
+    sim_partitions: int
+    sim_rate: float | None
+    sim_record_bytes: int
+    metrics_host: str
+    metrics_port: int
+    log_level: str
+    log_format: str
+    status_interval: float
+    sasl_password: Secret | None = None
+    ssl_password: Secret | None = None
+
+    def __post_init__(self) -> None:
+        for name in (
+            "shards",
+            "batch_size",
+            "commit_every_steps",
+            "checkpoint_every_steps",
+            "checkpoint_keep",
+        ):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, getattr(self, name), "a positive integer")
+        for name in (
+            "commit_every_seconds",
+            "checkpoint_every_seconds",
+            "shutdown_timeout",
+            "idle_timeout",
+            "status_interval",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(name, getattr(self, name), "a positive number of seconds")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ConfigError("max_steps", self.max_steps, "a positive integer or unset")
+        if self.stop_after_idle is not None and self.stop_after_idle <= 0:
+            raise ConfigError(
+                "stop_after_idle", self.stop_after_idle, "a positive number of seconds or unset"
+            )
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(
+                "metrics_port", self.metrics_port, "a port number 0-65535 (0 disables)"
+            )
+        if self.bootstrap is None:
+            for name in ("dead_letter_topic", "partitions"):
+                if getattr(self, name) is not None:
+                    raise ConfigError(
+                        name,
+                        getattr(self, name),
+                        "needs --bootstrap (Kafka); the embedded simulator has no such thing",
+                    )
+        if self.sim_partitions < 1:
+            raise ConfigError("sim_partitions", self.sim_partitions, "a positive integer")
+        if self.schema is not None and not Path(self.schema).is_file():
+            raise ConfigError(
+                "schema", self.schema, "must name an existing TOML or JSON schema file"
+            )
+        if self.model is not None and ":" not in self.model:
+            raise ConfigError("model", self.model, "package.module:function")
+        if self.dead_letter_topic is not None and self.dead_letter_topic == self.topic:
+            raise ConfigError(
+                "dead_letter_topic", self.dead_letter_topic, "must differ from --topic"
+            )
+        # Build the component settings now so bad combinations fail at start-up.
+        if self.bootstrap is not None:
+            self.consumer_settings()
+        self.pipeline_settings()
+
+    def security_settings(self) -> SecuritySettings:
+        return SecuritySettings(
+            security_protocol=self.security_protocol,  # type: ignore[arg-type]
+            sasl_mechanism=self.sasl_mechanism,  # type: ignore[arg-type]
+            sasl_plain_username=self.sasl_username,
+            sasl_plain_password=self.sasl_password,
+            ssl_cafile=self.ssl_cafile,
+            ssl_certfile=self.ssl_certfile,
+            ssl_keyfile=self.ssl_keyfile,
+            ssl_password=self.ssl_password,
+        )
+
+    def consumer_settings(self) -> ConsumerSettings:
+        assert self.bootstrap is not None
+        return ConsumerSettings(
+            bootstrap_servers=self.bootstrap,
+            topic=self.topic,
+            group_id=self.group,
+            mode="static" if self.partitions else "group",
+            partitions=self.partitions,
+            num_shards=self.shards,
+            worker_id=self.worker_id,
+            auto_offset_reset=self.auto_offset_reset,  # type: ignore[arg-type]
+            max_poll_records=self.max_poll_records,
+            queue_max_blocks=self.queue_max_blocks,
+            max_poll_interval_ms=self.max_poll_interval_ms,
+            session_timeout_ms=self.session_timeout_ms,
+            heartbeat_interval_ms=min(3000, self.session_timeout_ms // 3),
+            security=self.security_settings(),
+        )
+
+    def pipeline_settings(self) -> PipelineSettings:
+        idle = self.idle_timeout
+        if self.stop_after_idle is not None:
+            idle = min(idle, self.stop_after_idle)
+        return PipelineSettings(
+            num_shards=self.shards,
+            batch_size=self.batch_size,
+            pass_records=self.pass_records,
+            pass_seconds=self.pass_seconds,
+            idle_timeout_seconds=idle,
+            linger=True,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Loggable settings: secrets are never included."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in ("sasl_password", "ssl_password")
+        }
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every option as a flag whose help shows its env var and default (no secret flags)."""
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="TOML config file (keys = option names with underscores) [env STREAMER_CONFIG]",
+    )
+    groups: dict[str, Any] = {}
+    for opt in OPTIONS:
+        grp = groups.get(opt.group)
+        if grp is None:
+            grp = groups[opt.group] = parser.add_argument_group(opt.group)
+        default = "unset" if opt.default is None else opt.default
+        grp.add_argument(
+            opt.flag,
+            dest=opt.name,
+            default=None,
+            metavar=opt.name.upper() if opt.choices is None else None,
+            choices=opt.choices,
+            help=f"{opt.help} [env {opt.env}; default: {default}]",
+        )
+
+
+def _convert(opt: Option, value: Any, source: str) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            out = opt.type(value)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(
+                opt.name, value, f"from {source}: {exc or opt.type.__name__}"
+            ) from exc
+    else:
+        out = value
+        if opt.type is _int_list and isinstance(value, list):
+            out = tuple(int(v) for v in value)
+        elif opt.type in (int, float) and (
+            isinstance(value, bool) or not isinstance(value, (int, float))
+        ):
+            raise ConfigError(opt.name, value, f"from {source}: a number")
+        elif opt.type is _bool and not isinstance(value, bool):
+            raise ConfigError(opt.name, value, f"from {source}: true or false")
+        elif opt.type is float:
+            out = float(value)
+    if opt.choices is not None and out not in opt.choices:
+        raise ConfigError(opt.name, value, f"from {source}: one of {', '.join(opt.choices)}")
+    return out
+
+
+def load_config(
+    args: argparse.Namespace | Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> WorkerConfig:
+    """Merge defaults < TOML file < STREAMER_* environment < flags into a WorkerConfig."""
+    env = os.environ if env is None else env
+    flags = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args or {})
+    values: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+    config_path = flags.pop("config", None) or env.get("STREAMER_CONFIG")
+    if config_path:
+        try:
+            data = tomllib.loads(Path(config_path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(
+                "config", config_path, f"cannot read the file: {exc.strerror}"
+            ) from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("config", config_path, f"not valid TOML: {exc}") from exc
+        for key, value in data.items():
+            opt = _BY_NAME.get(key)
+            if opt is None:
+                raise ConfigError(
+                    key,
+                    value,
+                    f"unknown key in {config_path}; known keys: {', '.join(sorted(_BY_NAME))}",
+                )
+            values[key] = _convert(opt, value, config_path)
+    known_env = {o.env for o in OPTIONS} | set(SECRET_ENV) | {"STREAMER_CONFIG"}
+    for key in env:
+        if key.startswith(ENV_PREFIX) and key not in known_env:
+            raise ConfigError(key, "(set)", "unknown STREAMER_ variable; see streamer run --help")
+    for opt in OPTIONS:
+        if opt.env in env:
+            values[opt.name] = _convert(opt, env[opt.env], opt.env)
+    for key, value in flags.items():
+        if key in _BY_NAME and value is not None:
+            values[key] = _convert(_BY_NAME[key], value, _BY_NAME[key].flag)
+    if values["worker_id"] is None:
+        values["worker_id"] = _default_worker_id()
+    sasl = Secret.from_env_or_file("STREAMER_SASL_PASSWORD", "STREAMER_SASL_PASSWORD_FILE", env)
+    ssl = Secret.from_env_or_file("STREAMER_SSL_PASSWORD", "STREAMER_SSL_PASSWORD_FILE", env)
+    return WorkerConfig(**values, sasl_password=sasl, ssl_password=ssl)
+
+
+def option_names() -> Sequence[str]:
+    return [o.name for o in OPTIONS]

@@ -1,0 +1,478 @@
+"""StreamSource: N consumer shards as interleaved from_generator datasets, decoded block by block."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+import tensorflow as tf
+
+from consumers.block import RecordBlock
+from consumers.errors import ConfigError, StreamerError
+from consumers.settings import ConsumerSettings
+from consumers.shard import Shard, ShardHooks
+from streamer.decode import decode_block
+from streamer.offsets import OffsetTracker
+from streamer.schema import Schema
+
+if TYPE_CHECKING:
+    from streamer.deadletter import DeadLetterWriter
+    from streamer.health import Health
+    from streamer.metrics import Metrics
+
+__all__ = [
+    "METADATA_COLUMNS",
+    "PipelineSettings",
+    "ShardLike",
+    "StreamSource",
+    "build_dataset",
+]
+
+log = logging.getLogger(__name__)
+
+METADATA_COLUMNS = ("partition", "offset", "timestamp")
+
+
+class ShardLike(Protocol):
+    """What the source needs of a shard: consumers.Shard and simulator.SimulatedShard."""
+
+    last_record_monotonic: float
+
+    def start(self) -> Any: ...
+    def get(self, timeout: float) -> RecordBlock | None: ...
+    def commit(self, offsets: dict[int, int]) -> None: ...
+    def close(self, timeout: float = ...) -> None: ...
+    @property
+    def assigned(self) -> frozenset[int]: ...
+
+
+ShardFactory = Callable[[int, int, ShardHooks], ShardLike]
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSettings:
+    """The tf.data side: shard count, batch size and when a pass ends.
+
+    A pass ends when ``pass_records`` records were emitted, ``pass_seconds`` passed, every shard
+    saw no record for ``idle_timeout_seconds``, or ``StreamSource.stop()`` was called.
+    """
+
+    num_shards: int = 2
+    batch_size: int = 256
+    pass_records: int | None = None
+    pass_seconds: float | None = None
+    idle_timeout_seconds: float = 10.0
+    get_timeout_seconds: float = 0.2
+    prefetch_batches: int = -1  # tf.data.AUTOTUNE
+    drop_remainder: bool = False
+    linger: bool = False
+    log_rejects_per_second: float = 20.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_shards <= 256:
+            raise ConfigError("shards", self.num_shards, "an integer from 1 to 256")
+        if self.batch_size < 1:
+            raise ConfigError("batch_size", self.batch_size, "a positive integer")
+        if self.pass_records is not None and self.pass_records < 1:
+            raise ConfigError("pass_records", self.pass_records, "a positive integer or unset")
+        if self.pass_seconds is not None and self.pass_seconds <= 0:
+            raise ConfigError("pass_seconds", self.pass_seconds, "a positive number or unset")
+        if self.idle_timeout_seconds <= 0:
+            raise ConfigError(
+                "idle_timeout_seconds", self.idle_timeout_seconds, "a positive number"
+            )
+
+
+class _Hooks(ShardHooks):
+    """Routes shard events to the tracker, metrics and health of one source."""
+
+    def __init__(self, source: StreamSource) -> None:
+        self._s = source
+
+    def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+        s = self._s
+        with s._lock:
+            s._owner.update(dict.fromkeys(partitions, shard_index))
+            seeks = {p: s._restore.pop(p) for p in partitions if p in s._restore}
+        if s.metrics is not None:
+            s.metrics.partitions_assigned(partitions)
+            s.metrics.rebalance("assigned")
+        return seeks
+
+    def _forget(self, partitions: list[int], event: str) -> dict[int, int]:
+        s = self._s
+        points = s.tracker.revoke(partitions)
+        with s._lock:
+            for p in partitions:
+                s._owner.pop(p, None)
+        if s.metrics is not None:
+            s.metrics.partitions_revoked(partitions)
+            s.metrics.rebalance(event)  # type: ignore[arg-type]
+        return points
+
+    def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+        return self._forget(partitions, "revoked")
+
+    def on_lost(self, shard_index: int, partitions: list[int]) -> None:
+        self._forget(partitions, "lost")
+
+    def on_poll(
+        self,
+        shard_index: int,
+        records: int,
+        nbytes: int,
+        highwater: dict[int, int],
+        position: dict[int, int],
+    ) -> None:
+        s = self._s
+        if s.health is not None:
+            s.health.beat("poller")
+        m = s.metrics
+        if m is None:
+            return
+        m.observe_poll(records, nbytes, time.time())
+        for p, hw in highwater.items():
+            m.set_high_watermark(p, hw)
+        for p, pos in position.items():
+            m.set_position(p, pos)
+
+    def on_commit(
+        self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
+    ) -> None:
+        if self._s.metrics is not None:
+            self._s.metrics.observe_commit(offsets, ok, seconds)
+
+    def on_error(self, kind: str, exc: BaseException) -> None:
+        if self._s.metrics is not None:
+            self._s.metrics.kafka_error(kind)
+
+    def on_paused(self, shard_index: int, paused: int) -> None:
+        s = self._s
+        with s._lock:
+            s._paused[shard_index] = paused
+            total = sum(s._paused.values())
+        if s.metrics is not None:
+            s.metrics.set_paused(total)
+
+
+class StreamSource:
+    """The input side of the worker: shards → blocks → decode → batches of features + metadata.
+
+    >>> source = StreamSource(schema, PipelineSettings(num_shards=4), consumer=settings)  # doctest: +SKIP
+    >>> for batch in source.dataset():          # one pass; iterate again for the next
+    ...     train(batch); source.tracker.ack(batch["partition"], batch["offset"])
+    >>> source.commit()                         # low-watermark commit of what is done
+    >>> source.close()
+
+    Each batch is a dict of the schema's features ``[n, *shape]`` plus ``partition`` (int32),
+    ``offset`` (int64) and ``timestamp`` (int64, ms) columns. Every pass calls the shard
+    factory again (fresh consumers); a shard closes when its generator ends, however it ends,
+    unless ``linger`` is set, in which case ``end_pass()`` closes them (the worker commits
+    the last trained offsets first).
+    """
+
+    def __init__(
+        self,
+        schema: Schema,
+        settings: PipelineSettings | None = None,
+        *,
+        consumer: ConsumerSettings | None = None,
+        shard_factory: ShardFactory | None = None,
+        tracker: OffsetTracker | None = None,
+        metrics: Metrics | None = None,
+        health: Health | None = None,
+        dead_letter: DeadLetterWriter | None = None,
+        restore_offsets: dict[int, int] | None = None,
+        topic: str | None = None,
+    ) -> None:
+        self.schema = schema
+        self.settings = settings or PipelineSettings()
+        if shard_factory is None:
+            if consumer is None:
+                raise ConfigError(
+                    "bootstrap_servers", None, "give Kafka settings or a shard factory"
+                )
+            shard_factory = self._kafka_factory(consumer)
+        self.consumer = consumer
+        self.topic = topic or (consumer.topic if consumer is not None else "simulator")
+        self._factory = shard_factory
+        self.tracker = tracker or OffsetTracker()
+        self.metrics = metrics
+        self.health = health
+        self.dead_letter = dead_letter
+        self._lock = threading.Lock()
+        self._open: list[ShardLike] = []
+        self._owner: dict[int, int] = {}
+        self._paused: dict[int, int] = {}
+        self._restore: dict[int, int] = dict(restore_offsets or {})
+        self._stop = threading.Event()
+        self._budget: int | None = None
+        self._pass_started = 0.0
+        self._hooks = _Hooks(self)
+        self._reject_log_tokens = self.settings.log_rejects_per_second
+        self._reject_log_t = time.monotonic()
+        self.records_emitted = 0
+        self.records_rejected = 0
+        self.failure: BaseException | None = None
+        self._names = [f.name for f in schema.features]
+
+    @staticmethod
+    def _kafka_factory(consumer: ConsumerSettings) -> ShardFactory:
+        def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
+            return Shard(consumer, k, n, hooks=hooks)
+
+        return make
+
+    # ---- tf.data ---------------------------------------------------------------------------
+
+    def _block_signature(self) -> tuple[tf.TensorSpec, ...]:
+        return (
+            tf.TensorSpec([None], tf.string),
+            tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([None], tf.int64),
+        )
+
+    def blocks(self) -> tf.data.Dataset:
+        """Undecoded blocks: ``(values, partition, offset, timestamp)`` from all shards, interleaved."""
+        n = self.settings.num_shards
+        signature = self._block_signature()
+        generate = self._generate
+
+        def shard_dataset(k: tf.Tensor) -> tf.data.Dataset:
+            return tf.data.Dataset.from_generator(generate, output_signature=signature, args=(k, n))
+
+        return tf.data.Dataset.range(n).interleave(
+            shard_dataset, cycle_length=n, num_parallel_calls=n, deterministic=False
+        )
+
+    def dataset(self) -> tf.data.Dataset:
+        """Batches of decoded features plus metadata columns; each iteration is one pass."""
+        specs = self.schema.features
+        tout = [tf.as_dtype(f.dtype) for f in specs] + [tf.int32, tf.int64, tf.int64]
+
+        def decode(
+            values: tf.Tensor, partition: tf.Tensor, offset: tf.Tensor, ts: tf.Tensor
+        ) -> dict[str, tf.Tensor]:
+            out = tf.numpy_function(
+                self._decode_np,
+                [values, partition, offset, ts],
+                tout,
+                stateful=True,
+                name="decode_block",
+            )
+            batch: dict[str, tf.Tensor] = {}
+            for f, t in zip(specs, out[: len(specs)], strict=True):
+                t.set_shape([None, *f.shape])
+                batch[f.name] = t
+            for name, t in zip(METADATA_COLUMNS, out[len(specs) :], strict=True):
+                t.set_shape([None])
+                batch[name] = t
+            return batch
+
+        ds = self.blocks().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        ds = ds.rebatch(self.settings.batch_size, drop_remainder=self.settings.drop_remainder)
+        prefetch = self.settings.prefetch_batches
+        return ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)
+
+    # ---- generator (runs on tf.data's threads) ----------------------------------------------
+
+    def begin_pass(self) -> None:
+        """Reset the pass budget and clock (called by the first generator of a pass as well)."""
+        with self._lock:
+            self._budget = self.settings.pass_records
+            self._pass_started = time.monotonic()
+
+    def _take_budget(self, n: int) -> bool:
+        """Charge ``n`` records to the pass; False once the pass budget is spent."""
+        with self._lock:
+            if self._budget is None:
+                return True
+            self._budget -= n
+            return self._budget > 0
+
+    def _budget_left(self) -> bool:
+        with self._lock:
+            return self._budget is None or self._budget > 0
+
+    def _generate(self, shard_index: Any, num_shards: Any) -> Iterator[tuple[Any, ...]]:
+        k, n = int(shard_index), int(num_shards)
+        with self._lock:
+            first = not self._open
+        if first:
+            self.begin_pass()
+        shard = self._factory(k, n, self._hooks)
+        with self._lock:
+            self._open.append(shard)
+        try:
+            shard.start()
+            idle_since = time.monotonic()
+            timeout = self.settings.get_timeout_seconds
+            pass_seconds = self.settings.pass_seconds
+            while not self._stop.is_set() and self._budget_left():
+                if (
+                    pass_seconds is not None
+                    and time.monotonic() - self._pass_started >= pass_seconds
+                ):
+                    break
+                block = shard.get(timeout)
+                if block is None:
+                    if time.monotonic() - idle_since >= self.settings.idle_timeout_seconds:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                self.tracker.register(block.partition, block.offset)
+                with self._lock:
+                    self.records_emitted += len(block)
+                more = self._take_budget(len(block))
+                yield (
+                    np.array(block.values, dtype=object),
+                    block.partition,
+                    block.offset,
+                    block.timestamp_ms,
+                )
+                if not more:
+                    break
+        except StreamerError as exc:
+            self.failure = exc
+            raise
+        finally:
+            # However the pass ends (exhausted, stop, error, iterator deleted) the shard closes
+            # here, unless the owner lingers it to commit the last trained offsets first.
+            if not self.settings.linger:
+                self._close_shard(shard)
+
+    def _close_shard(self, shard: ShardLike) -> None:
+        with self._lock:
+            if shard in self._open:
+                self._open.remove(shard)
+        shard.close()
+
+    # ---- decode (numpy_function, parallel map) ------------------------------------------------
+
+    def _decode_np(
+        self, values: np.ndarray, partition: np.ndarray, offset: np.ndarray, ts: np.ndarray
+    ) -> list[np.ndarray]:
+        decoded = decode_block(self.schema, list(values))
+        kept = decoded.kept
+        if decoded.rejected:
+            self._rejected(values, partition, offset, decoded.rejected)
+        if self.metrics is not None:
+            self.metrics.observe_decode(len(kept), decoded.reason_counts())
+        out = [decoded.features[name] for name in self._names]
+        if len(kept) == len(values):
+            return [*out, partition, offset, ts]
+        return [*out, partition[kept], offset[kept], ts[kept]]
+
+    def _rejected(
+        self,
+        values: np.ndarray,
+        partition: np.ndarray,
+        offset: np.ndarray,
+        rejected: list[tuple[int, str]],
+    ) -> None:
+        with self._lock:
+            self.records_rejected += len(rejected)
+        for row, reason in rejected:
+            p, o = int(partition[row]), int(offset[row])
+            if self._may_log():
+                # Never the payload: only where it came from and why.
+                log.warning("rejected record %s/%d@%d: %s", self.topic, p, o, reason)
+            if self.dead_letter is not None:
+                value = values[row]
+                self.dead_letter.send(value if value is not None else b"", self.topic, p, o, reason)
+        if self.dead_letter is None:
+            rows = np.fromiter((r for r, _ in rejected), dtype=np.int64, count=len(rejected))
+            self.tracker.ack(partition[rows], offset[rows])
+
+    def _may_log(self) -> bool:
+        now = time.monotonic()
+        rate = self.settings.log_rejects_per_second
+        with self._lock:
+            self._reject_log_tokens = min(
+                rate, self._reject_log_tokens + (now - self._reject_log_t) * rate
+            )
+            self._reject_log_t = now
+            if self._reject_log_tokens >= 1:
+                self._reject_log_tokens -= 1
+                return True
+        return False
+
+    # ---- commits and lifecycle -------------------------------------------------------------
+
+    def commit(self, points: dict[int, int] | None = None) -> dict[int, int]:
+        """Send commit requests for what is done (default: the tracker's advanced points)."""
+        if points is None:
+            points = self.tracker.take_commit_points()
+        if not points:
+            return {}
+        with self._lock:
+            shards = list(self._open)
+        for shard in shards:
+            owned = shard.assigned
+            mine = {p: o for p, o in points.items() if p in owned}
+            if mine:
+                shard.commit(mine)
+        return points
+
+    def stop(self) -> None:
+        """Make every generator of the current pass finish (the pass ends cleanly)."""
+        self._stop.set()
+
+    def resume(self) -> None:
+        self._stop.clear()
+
+    @property
+    def open_shards(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def end_pass(self) -> None:
+        """Close the shards still open (lingering ones): pending commits are flushed first."""
+        with self._lock:
+            shards = list(self._open)
+            self._open.clear()
+        for shard in shards:
+            try:
+                shard.close()
+            except Exception as exc:
+                log.warning("closing a shard failed: %s", exc)
+
+    def shard_failure(self) -> BaseException | None:
+        """The error that ended a shard of this source, if any (the cause of a failed pass)."""
+        if self.failure is not None:
+            return self.failure
+        with self._lock:
+            shards = list(self._open)
+        for shard in shards:
+            failed: BaseException | None = getattr(shard, "failed", None)
+            if failed is not None:
+                return failed
+        return None
+
+    def close(self) -> None:
+        self.stop()
+        self.end_pass()
+        if self.dead_letter is not None:
+            self.dead_letter.close()
+
+
+def build_dataset(
+    schema: Schema,
+    settings: PipelineSettings | None = None,
+    *,
+    consumer: ConsumerSettings | None = None,
+    **kwargs: Any,
+) -> tuple[tf.data.Dataset, StreamSource]:
+    """One call from settings and schema to the batched dataset (and its source, for commits).
+
+    >>> ds, source = build_dataset(schema, PipelineSettings(num_shards=4), consumer=settings)  # doctest: +SKIP
+    """
+    source = StreamSource(schema, settings, consumer=consumer, **kwargs)
+    return source.dataset(), source

@@ -1,0 +1,430 @@
+"""Worker: the long-running loop — passes of batches, train, ack, commit, checkpoint, shut down."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import IO, Any
+
+import numpy as np
+import tensorflow as tf
+
+from consumers.errors import StreamerError
+from consumers.shard import ShardHooks
+from streamer.config import WorkerConfig
+from streamer.health import Health, MetricsServer
+from streamer.metrics import Metrics
+from streamer.model import load_model
+from streamer.offsets import OffsetTracker
+from streamer.schema import Schema
+from streamer.simulator import SimulatedShard, SimulatorTask
+from streamer.source import METADATA_COLUMNS, ShardLike, StreamSource
+from streamer.train import Checkpointer, Trainer, choose_strategy
+
+__all__ = ["AuditLog", "Worker"]
+
+log = logging.getLogger(__name__)
+
+
+class AuditLog:
+    """Appends ``topic,partition,offset`` of every trained sample; buffered, flushed on demand."""
+
+    def __init__(self, path: str, topic: str) -> None:
+        self.path = path
+        self.topic = topic
+        self._buf: list[str] = []
+        self._fh = open(path, "a", encoding="ascii")  # noqa: SIM115 - kept open for the run
+
+    def add(self, partition: np.ndarray, offset: np.ndarray) -> None:
+        prefix = self.topic + ","
+        self._buf.append(
+            "".join(
+                f"{prefix}{p},{o}\n"
+                for p, o in zip(partition.tolist(), offset.tolist(), strict=True)
+            )
+        )
+
+    def flush(self) -> None:
+        if self._buf:
+            self._fh.write("".join(self._buf))
+            self._buf.clear()
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self.flush()
+        self._fh.close()
+
+
+class _Status:
+    """A live status line on a terminal, key=value log lines otherwise."""
+
+    def __init__(self, out: IO[str], interval: float, metrics: Metrics) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.interval = 1.0 if self.tty else interval
+        self.metrics = metrics
+        self._last = time.monotonic()
+        self._last_samples = 0.0
+
+    def maybe(self, step: int, loss: float, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self.interval:
+            return
+        snap = self.metrics.snapshot()
+        rate = (snap["samples_trained"] - self._last_samples) / max(now - self._last, 1e-9)
+        self._last, self._last_samples = now, snap["samples_trained"]
+        lag = int(snap["consumer_lag_records"])
+        if self.tty:
+            self.out.write(
+                f"\rstep {step:>9,} | {rate:>9,.0f} samples/s | lag {lag:>10,} | loss {loss:.4f} "
+                f"| trained {int(snap['samples_trained']):,}   "
+            )
+            self.out.flush()
+        else:
+            log.info(
+                "progress step=%d samples_per_second=%.0f lag=%d loss=%.5f samples_trained=%d "
+                "decode_errors=%d commits=%d",
+                step,
+                rate,
+                lag,
+                loss,
+                snap["samples_trained"],
+                snap["decode_errors"],
+                snap["offset_commits_success"],
+            )
+
+    def end(self) -> None:
+        if self.tty:
+            self.out.write("\n")
+            self.out.flush()
+
+
+class Worker:
+    """Trains continuously from the stream until stopped; see DESIGN.md section 3.
+
+    >>> code = Worker(load_config({"max_steps": 100})).run()   # doctest: +SKIP
+    """
+
+    def __init__(self, config: WorkerConfig, *, status_out: IO[str] | None = None) -> None:
+        self.config = config
+        self.status_out = status_out or sys.stderr
+        self.step = 0
+        self.loss = float("nan")
+        self._stopping = threading.Event()
+        self._stop_reason = ""
+        self._signals = 0
+        self._last_data = time.monotonic()
+        self.metrics: Metrics | None = None
+        self.health = Health()
+        self.server: MetricsServer | None = None
+
+    # ---- signals ----------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self._signals += 1
+        name = signal.Signals(signum).name
+        if self._signals > 1:
+            log.error("second %s: exiting at once", name)
+            os._exit(128 + signum)
+        log.info("%s: finishing the current step, then checkpoint, commit and exit", name)
+        self.request_stop(f"signal {name}")
+        timeout = self.config.shutdown_timeout
+
+        def watchdog() -> None:
+            time.sleep(timeout)
+            log.error(
+                "clean shutdown did not finish within --shutdown-timeout %.0fs; exiting", timeout
+            )
+            os._exit(1)
+
+        threading.Thread(target=watchdog, name="streamer-shutdown-watchdog", daemon=True).start()
+
+    def request_stop(self, reason: str) -> None:
+        if not self._stopping.is_set():
+            self._stop_reason = reason
+        self._stopping.set()
+        if hasattr(self, "source"):
+            self.source.stop()
+
+    # ---- set-up -----------------------------------------------------------------------------
+
+    def _schema(self) -> Schema:
+        if self.config.schema is not None:
+            return Schema.from_file(self.config.schema)
+        return SimulatorTask().schema()
+
+    def _simulator_factory(self, restore: dict[int, int]) -> Any:
+        cfg = self.config
+
+        def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
+            shard = SimulatedShard(
+                k,
+                n,
+                partitions=cfg.sim_partitions,
+                rate=cfg.sim_rate,
+                record_bytes=cfg.sim_record_bytes,
+                start_offsets=self._sim_positions,
+                topic=cfg.topic,
+            )
+            hooks.on_assigned(k, sorted(shard.assigned))
+            return shard
+
+        self._sim_positions: dict[int, int] = dict(restore)
+        return make
+
+    def _build(self) -> None:
+        cfg = self.config
+        if cfg.seed is not None:
+            tf.keras.utils.set_random_seed(cfg.seed)
+        if cfg.mixed_precision:
+            import keras
+
+            keras.mixed_precision.set_global_policy("mixed_float16")
+        import kafka
+
+        from streamer import __version__
+
+        self.metrics = Metrics(
+            cfg.topic,
+            version=__version__,
+            tensorflow_version=tf.__version__,
+            kafka_python_version=kafka.__version__,
+        )
+        if cfg.metrics_port:
+            self.server = MetricsServer(
+                self.metrics.registry, self.health, host=cfg.metrics_host, port=cfg.metrics_port
+            ).start()
+            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.server.port)
+        self.schema = self._schema()
+        strategy = choose_strategy()
+        with strategy.scope():
+            self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
+        self.trainer = Trainer(self.bundle, strategy, jit_compile=cfg.jit_compile)
+        restore: dict[int, int] = {}
+        self.checkpointer: Checkpointer | None = None
+        if cfg.checkpoint_dir:
+            self.checkpointer = Checkpointer(
+                cfg.checkpoint_dir, self.bundle, topic=cfg.topic, keep=cfg.checkpoint_keep
+            )
+            restored = self.checkpointer.restore()
+            if restored is not None:
+                self.step, restore = restored
+        self.restored_offsets = dict(restore)
+        self.tracker = OffsetTracker()
+        dead_letter = None
+        if cfg.bootstrap is None:
+            factory = self._simulator_factory(restore)
+            self.source = StreamSource(
+                self.schema,
+                cfg.pipeline_settings(),
+                shard_factory=factory,
+                tracker=self.tracker,
+                metrics=self.metrics,
+                health=self.health,
+                topic=cfg.topic,
+            )
+        else:
+            consumer = cfg.consumer_settings()
+            from consumers.admin import wait_for_topic
+
+            wait_for_topic(consumer, health=self.health, stop=self._stopping)
+            if cfg.dead_letter_topic:
+                from streamer.deadletter import DeadLetterWriter
+
+                metrics = self.metrics
+
+                def done(p: int, o: int) -> None:
+                    self.tracker.ack(np.array([p], np.int32), np.array([o], np.int64))
+                    metrics.observe_dead_lettered(1)
+
+                dead_letter = DeadLetterWriter(
+                    cfg.bootstrap,
+                    cfg.dead_letter_topic,
+                    on_done=done,
+                    on_failure=lambda _exc: metrics.kafka_error("dead_letter"),
+                    security=consumer.security.kafka_config(),
+                )
+            self.source = StreamSource(
+                self.schema,
+                cfg.pipeline_settings(),
+                consumer=consumer,
+                tracker=self.tracker,
+                metrics=self.metrics,
+                health=self.health,
+                dead_letter=dead_letter,
+                restore_offsets=restore,
+            )
+        self.dataset = self.source.dataset()
+        self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
+        self.health.set_ready(True, "model built, consuming")
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Run until a stop condition or signal; returns the process exit code."""
+        cfg = self.config
+        installed = threading.current_thread() is threading.main_thread()
+        if installed:
+            old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self._build()
+            log.info("worker %s starting at step %d: %s", cfg.worker_id, self.step, _describe(cfg))
+            assert self.metrics is not None
+            status = _Status(self.status_out, cfg.status_interval, self.metrics)
+            self._status = status
+            self._last_commit_step, self._last_commit_t = self.step, time.monotonic()
+            self._last_ckpt_step, self._last_ckpt_t = self.step, time.monotonic()
+            while not self._stopping.is_set():
+                self._run_pass()
+                if (
+                    cfg.stop_after_idle is not None
+                    and time.monotonic() - self._last_data >= cfg.stop_after_idle
+                ):
+                    self.request_stop(f"idle for {cfg.stop_after_idle:g}s")
+            status.maybe(self.step, self.loss, force=True)
+            status.end()
+            log.info("stopped (%s) at step %d", self._stop_reason, self.step)
+            return 0
+        except StreamerError as exc:
+            log.error("%s", exc)
+            return 1
+        finally:
+            self._shutdown()
+            if installed:
+                for s, h in old.items():
+                    signal.signal(s, h)
+
+    def _run_pass(self) -> None:
+        cfg = self.config
+        source = self.source
+        source.resume()
+        source.begin_pass()
+        iterator = iter(self.dataset)
+        try:
+            while not self._stopping.is_set():
+                t0 = time.perf_counter()
+                self.health.waiting("trainer", "waiting for input")
+                try:
+                    batch = next(iterator)
+                except StopIteration:
+                    break
+                except tf.errors.OpError as exc:
+                    cause = source.shard_failure()
+                    if isinstance(cause, StreamerError):
+                        raise cause from exc
+                    raise StreamerError(f"the input pipeline failed: {exc.message}") from exc
+                t1 = time.perf_counter()
+                meta = {k: batch.pop(k).numpy() for k in METADATA_COLUMNS}
+                self.loss = self.trainer.step(batch)
+                t2 = time.perf_counter()
+                n = len(meta["offset"])
+                self.tracker.ack(meta["partition"], meta["offset"])
+                if self.audit is not None:
+                    self.audit.add(meta["partition"], meta["offset"])
+                assert self.metrics is not None
+                self.metrics.observe_step(n, t2 - t1, t1 - t0, self.loss)
+                self.metrics.observe_trained(
+                    meta["partition"], meta["offset"], meta["timestamp"], time.time()
+                )
+                self.health.beat("trainer")
+                self.step += 1
+                self._last_data = time.monotonic()
+                self._maybe_commit()
+                self._status.maybe(self.step, self.loss)
+                if cfg.max_steps is not None and self.step >= cfg.max_steps:
+                    self.request_stop(f"--max-steps {cfg.max_steps}")
+        finally:
+            del iterator
+            gc.collect()
+            self._end_pass()
+
+    # ---- commits and checkpoints ------------------------------------------------------------
+
+    def _maybe_commit(self) -> None:
+        cfg = self.config
+        now = time.monotonic()
+        if self.checkpointer is not None:
+            due = (
+                self.step - self._last_ckpt_step >= cfg.checkpoint_every_steps
+                or now - self._last_ckpt_t >= cfg.checkpoint_every_seconds
+            )
+            if due:
+                self._checkpoint_and_commit()
+            return
+        if (
+            self.step - self._last_commit_step >= cfg.commit_every_steps
+            or now - self._last_commit_t >= cfg.commit_every_seconds
+        ):
+            self._commit(self.tracker.take_commit_points())
+
+    def _positions(self) -> dict[int, int]:
+        """The stream position to save: restored offsets overlaid with what was done since."""
+        merged = dict(self.restored_offsets)
+        merged.update(self._committed_view)
+        merged.update(self.tracker.commit_points())
+        self._committed_view = merged
+        return merged
+
+    _committed_view: dict[int, int] = {}
+
+    def _commit(self, points: dict[int, int]) -> None:
+        if self.audit is not None:
+            self.audit.flush()  # the audit log is never behind a commit
+        self.source.commit(points)
+        if self.config.bootstrap is None:
+            self._sim_positions.update(points)
+        self._last_commit_step, self._last_commit_t = self.step, time.monotonic()
+
+    def _checkpoint_and_commit(self) -> None:
+        assert self.checkpointer is not None and self.metrics is not None
+        positions = self._positions()
+        if self.audit is not None:
+            self.audit.flush()
+        try:
+            path = self.checkpointer.save(self.step, positions)
+            self.metrics.checkpoint(True, time.time())
+            log.info("checkpoint %s at step %d", path, self.step)
+        except (OSError, tf.errors.OpError) as exc:
+            self.metrics.checkpoint(False, time.time())
+            log.error("checkpoint failed: %s", exc)
+            return
+        # Kafka commits follow the checkpoint: the checkpoint is the source of truth.
+        self._commit(positions)
+        self._last_ckpt_step, self._last_ckpt_t = self.step, time.monotonic()
+
+    def _end_pass(self) -> None:
+        """After a pass (or on stop): checkpoint if configured, commit everything done, close shards."""
+        try:
+            if self.checkpointer is not None and (
+                self._stopping.is_set() or self.step != self._last_ckpt_step
+            ):
+                if self.step != self._last_ckpt_step or not self.checkpointer.latest:
+                    self._checkpoint_and_commit()
+            else:
+                self._commit(self.tracker.commit_points())
+        finally:
+            self.source.end_pass()
+
+    def _shutdown(self) -> None:
+        self.health.set_ready(False, "shutting down")
+        source = getattr(self, "source", None)
+        if source is not None:
+            source.close()
+        audit = getattr(self, "audit", None)
+        if audit is not None:
+            audit.close()
+        if self.server is not None:
+            self.server.close()
+
+
+def _describe(cfg: WorkerConfig) -> str:
+    d = cfg.describe()
+    keys = ("bootstrap", "topic", "group", "shards", "batch_size", "checkpoint_dir", "metrics_port")
+    return " ".join(f"{k}={d[k]}" for k in keys)
