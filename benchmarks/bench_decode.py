@@ -10,17 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+import msgpack
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamer.decode import decode_block, encode_record  # noqa: E402
-from streamer.schema import Feature, Schema  # noqa: E402
+from streamer.decode import decode_block, encode_record
+from streamer.schema import Feature, Schema
 
 
 def _records(schema: Schema, n: int, encoding: str, rng: np.random.Generator) -> list[bytes]:
-    import msgpack
-
     out = []
     for i in range(n):
         x = rng.standard_normal(250).astype(np.float32)

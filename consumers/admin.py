@@ -142,7 +142,7 @@ def group_lag(
     except _AUTH_ERRORS as exc:
         raise AuthenticationError(bootstrap, type(exc).__name__) from exc
     try:
-        committed_raw = admin.list_group_offsets(group)
+        committed_raw = admin.list_group_offsets(group).get(group, {})
     finally:
         admin.close()
     committed = {

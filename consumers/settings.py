@@ -164,7 +164,7 @@ class ConsumerSettings:
     max_partition_fetch_bytes: int = 1_048_576
     max_poll_interval_ms: int = 300_000
     session_timeout_ms: int = 45_000
-    heartbeat_interval_ms: int = 3_000
+    heartbeat_interval_ms: int = 1_000
     request_timeout_ms: int = 30_000
     poll_timeout_ms: int = 100
     queue_max_blocks: int = 8

@@ -12,7 +12,7 @@ from typing import Any
 import kafka.errors as kerrors
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
-from kafka.structs import OffsetAndMetadata
+from kafka.structs import MemberState, OffsetAndMetadata
 
 from consumers.block import RecordBlock
 from consumers.errors import (
@@ -24,7 +24,7 @@ from consumers.errors import (
 )
 from consumers.settings import ConsumerSettings
 
-__all__ = ["Shard", "ShardHooks", "open_consumer"]
+__all__ = ["JoinBarrier", "Shard", "ShardHooks", "open_consumer"]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +104,39 @@ def open_consumer(
         raise AuthenticationError(settings.bootstrap_servers, type(exc).__name__) from exc
 
 
+class JoinBarrier:
+    """Holds the shards of one pass paused until all of them joined the same group generation.
+
+    Shards are created one after the other; without this the first one to join is assigned
+    every partition, starts fetching, and each later join revokes and re-fetches (a rebalance
+    round each). Released once every shard reported the same stable generation, or after
+    ``timeout_s`` (another worker may keep the group rebalancing).
+    """
+
+    def __init__(self, parties: int, timeout_s: float = 30.0) -> None:
+        self.parties = parties
+        self._generations: dict[int, int] = {}
+        self._lock = threading.Lock()
+        self._deadline = time.monotonic() + timeout_s
+        self.released = parties <= 1
+
+    def report(self, shard_index: int, generation: int) -> bool:
+        """Shard ``shard_index`` is stable in ``generation``; True once the barrier is released."""
+        with self._lock:
+            if self.released:
+                return True
+            self._generations[shard_index] = generation
+            gens = set(self._generations.values())
+            if len(self._generations) == self.parties and len(gens) == 1:
+                self.released = True
+            elif time.monotonic() > self._deadline:
+                log.warning(
+                    "shards did not settle on one group generation in time; starting anyway"
+                )
+                self.released = True
+            return self.released
+
+
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, shard: Shard) -> None:
         self._shard = shard
@@ -140,6 +173,7 @@ class Shard:
         *,
         hooks: ShardHooks | None = None,
         consumer_factory: ConsumerFactory = KafkaConsumer,
+        barrier: JoinBarrier | None = None,
     ) -> None:
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"shard_index {shard_index} not in [0, {num_shards})")
@@ -148,13 +182,16 @@ class Shard:
         self.num_shards = num_shards
         self.hooks = hooks or ShardHooks()
         self._factory = consumer_factory
+        self._barrier = barrier if settings.mode == "group" else None
+        self._joined = self._barrier is None
         self._topic = settings.topic
         self._cond = threading.Condition()
         self._queue: collections.deque[RecordBlock] = collections.deque()
         self._queued_records = 0
         self._commits: dict[int, int] = {}
         self._assigned_set: set[int] = set()
-        self._paused = False
+        self._paused_count = 0
+        self._rewind: dict[int, int] = {}
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -163,6 +200,7 @@ class Shard:
         self._closed = False
         self._position: dict[int, int] = {}
         self.last_record_monotonic = time.monotonic()
+        self.last_rebalance_monotonic = time.monotonic()
         self.records_polled = 0
 
     # ---- owner side -------------------------------------------------------------------------
@@ -265,6 +303,8 @@ class Shard:
         backoff = 0.1
         try:
             while not self._stop.is_set():
+                if not self._joined:
+                    self._check_joined()
                 self._apply_backpressure()
                 self._flush_commits(sync=False)
                 try:
@@ -331,10 +371,9 @@ class Shard:
             self.records_polled += len(block)
             self.last_record_monotonic = time.monotonic()
             with self._cond:
-                revoked = (
-                    None if not self._assigned_set else set(block.partitions()) - self._assigned_set
-                )
+                revoked = set(block.partitions()) - self._assigned_set
                 if revoked:  # a rebalance raced the poll: never queue records we no longer own
+                    self._note_rewind(block, revoked)
                     block = block.without_partitions(revoked)
                 if block is not None:
                     self._queue.append(block)
@@ -353,16 +392,34 @@ class Shard:
             return sorted(self._assigned_set)
 
     def _apply_backpressure(self) -> None:
-        full = len(self._queue) >= self.settings.queue_max_blocks
-        if full == self._paused:
-            return
-        tps = [TopicPartition(self._topic, p) for p in self._assigned_snapshot()]
+        # Reconcile with the client's own pause flags every loop: kafka-python keeps a
+        # partition's paused flag (and position) across a rebalance that leaves it with us.
+        full = len(self._queue) >= self.settings.queue_max_blocks or not self._joined
+        paused = self._consumer.paused()
         if full:
-            self._consumer.pause(*tps)
+            todo = [
+                TopicPartition(self._topic, p)
+                for p in self._assigned_snapshot()
+                if TopicPartition(self._topic, p) not in paused
+            ]
+            if todo:
+                self._consumer.pause(*todo)
+            count = len(self._consumer.paused())
         else:
-            self._consumer.resume(*self._consumer.paused())
-        self._paused = full
-        self.hooks.on_paused(self.shard_index, len(tps) if full else 0)
+            if paused:
+                self._consumer.resume(*paused)
+            count = 0
+        if count != self._paused_count:
+            self._paused_count = count
+            self.hooks.on_paused(self.shard_index, count)
+
+    def _check_joined(self) -> None:
+        assert self._barrier is not None
+        meta = self._consumer.group_metadata()
+        if meta.state is MemberState.STABLE and meta.generation_id >= 0:
+            self._joined = self._barrier.report(self.shard_index, meta.generation_id)
+        elif self._barrier.released:
+            self._joined = True
 
     def _take_commits(self) -> dict[int, int]:
         with self._cond:
@@ -383,6 +440,7 @@ class Shard:
             TopicPartition(self._topic, p): OffsetAndMetadata(o, "", -1) for p, o in commits.items()
         }
         t0 = time.monotonic()
+        log.debug("shard %d: commit %s (sync=%s)", self.shard_index, commits, sync)
         if sync:
             try:
                 self._consumer.commit(payload, timeout_ms=timeout_ms)
@@ -405,22 +463,47 @@ class Shard:
 
     # ---- rebalance callbacks (kafka-python IO thread: never block) --------------------------
 
+    def _note_rewind(self, block: RecordBlock, partitions: set[int]) -> None:
+        """Remember the lowest offset dropped per partition (caller holds the lock)."""
+        for p in partitions:
+            mask = block.partition == p
+            if mask.any():
+                low = int(block.offset[mask].min())
+                self._rewind[p] = min(low, self._rewind.get(p, low))
+
     def _assigned(self, partitions: list[int]) -> None:
+        self.last_rebalance_monotonic = time.monotonic()
         with self._cond:
             self._assigned_set = set(partitions)
+            # kafka-python keeps the position of a partition that stays with this consumer
+            # across a rebalance; records dropped at revoke must be fetched again.
+            rewind = {p: o for p, o in self._rewind.items() if p in self._assigned_set}
+            self._rewind.clear()
         log.info(
-            "shard %d: assigned partitions %s of %s", self.shard_index, partitions, self._topic
+            "shard %d: assigned partitions %s of %s",
+            self.shard_index,
+            sorted(partitions),
+            self._topic,
         )
+        if not self._joined and partitions:
+            # Fetching starts inside this very poll(): hold it until all shards have joined.
+            self._consumer.pause(*[TopicPartition(self._topic, p) for p in partitions])
         seeks = self.hooks.on_assigned(self.shard_index, partitions)
+        for p, off in rewind.items():
+            if p not in seeks:
+                log.info(
+                    "shard %d: partition %d back after revoke; rewinding to %d",
+                    self.shard_index,
+                    p,
+                    off,
+                )
+                self._consumer.seek(TopicPartition(self._topic, p), off)
         for p, off in seeks.items():
             if p in partitions:
                 log.info(
                     "shard %d: seeking partition %d to %d (checkpoint)", self.shard_index, p, off
                 )
                 self._consumer.seek(TopicPartition(self._topic, p), off)
-        if self._paused:
-            # New assignment starts unpaused in the client; keep our state in step.
-            self._paused = False
 
     def _revoked(self, partitions: list[int], *, lost: bool) -> None:
         if not partitions:
@@ -431,6 +514,7 @@ class Shard:
             kept: collections.deque[RecordBlock] = collections.deque()
             self._queued_records = 0
             for block in self._queue:
+                self._note_rewind(block, gone)
                 rest = block.without_partitions(gone)
                 if rest is not None:
                     kept.append(rest)
@@ -441,12 +525,18 @@ class Shard:
                 self._position.pop(p, None)
         if lost:
             log.warning(
-                "shard %d: partitions %s lost (not committing)", self.shard_index, partitions
+                "shard %d: partitions %s lost (not committing)",
+                self.shard_index,
+                sorted(partitions),
             )
             self.hooks.on_lost(self.shard_index, partitions)
             return
-        log.info("shard %d: partitions %s revoked", self.shard_index, partitions)
+        log.info("shard %d: partitions %s revoked", self.shard_index, sorted(partitions))
         commits = self.hooks.on_revoked(self.shard_index, partitions)
+        with self._cond:
+            # Emitted but untrained records are below the commit point: rewind there too.
+            for p, off in commits.items():
+                self._rewind[p] = min(off, self._rewind.get(p, off))
         if commits and not self._closed:
             try:
                 self._send_commit(commits, sync=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 from consumers.errors import ConfigError
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings
-from streamer.source import PipelineSettings
+from streamer.settings import PipelineSettings
 
 __all__ = ["OPTIONS", "Option", "WorkerConfig", "add_run_arguments", "load_config"]
 
@@ -437,7 +437,7 @@ class WorkerConfig:
             queue_max_blocks=self.queue_max_blocks,
             max_poll_interval_ms=self.max_poll_interval_ms,
             session_timeout_ms=self.session_timeout_ms,
-            heartbeat_interval_ms=min(3000, self.session_timeout_ms // 3),
+            heartbeat_interval_ms=min(1000, self.session_timeout_ms // 3),
             security=self.security_settings(),
         )
 

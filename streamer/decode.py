@@ -15,6 +15,18 @@ feature takes integers only (never a bool or a float) whose values fit its dtype
 feature takes integers and floats (never a bool), rounded to the nearest value of its dtype,
 except that a finite value beyond the dtype's range is refused (it would become inf).
 Raw ``bin`` bytes of a bool feature must be 0 or 1.
+
+A record's keys other than the features are ignored, but they count toward the limits, and
+an ext type anywhere is ``format``; msgpack builds its Timestamp ext itself, so a Timestamp
+is refused (``format``) only where it is a feature's value. Whole-record problems (not a
+map, non-str keys, nesting) win over a feature's ``schema``/``dtype``/``shape``.
+
+How msgpack 1.2 (C extension) fails, and the reason each becomes: ``ExtraData`` ->
+``extra_data``; ``ValueError("Unpack failed: incomplete input")`` -> ``truncated``;
+``ValueError("N exceeds max_{bin,str,array,map,ext}_len")`` -> ``too_large``; ``StackError``
+(its own 1024-level stack) -> ``too_deep``; ``FormatError``, ``UnicodeDecodeError``, the
+strict_map_key ``ValueError``, "invalid timestamp data" and our ext_hook's refusal ->
+``format``.
 """
 
 from __future__ import annotations
@@ -126,6 +138,10 @@ class _FeaturePlan:
 
     __slots__ = (
         "dtype",
+        "fast_float",
+        "fast_int",
+        "fhi",
+        "flo",
         "fmax",
         "hi",
         "kind",
@@ -155,6 +171,11 @@ class _FeaturePlan:
             self.lo, self.hi = int(info.min), int(info.max)
         elif self.kind == "f" and feature.dtype.itemsize < 8:
             self.fmax = float(np.finfo(feature.dtype).max)
+        # Hot-loop shortcuts: a scalar feature given a msgpack number that surely fits.
+        self.fast_float = self.kind == "f" and not self.shape
+        self.fast_int = self.kind == "i" and not self.shape
+        self.fhi = math.inf if self.fmax is None else self.fmax
+        self.flo = -self.fhi
 
 
 class _Plan:
@@ -218,9 +239,20 @@ def _too_deep(obj: list[Any] | dict[Any, Any], budget: int) -> bool:
     return False
 
 
+def _check_structure(record: dict[Any, Any], max_depth: int) -> None:
+    """Reject a record whose top-level keys are not all str, or that nests too deep."""
+    if not _STR_ONLY.issuperset(map(type, record)):
+        raise _Rejected("format")
+    inner = set(map(type, record.values()))
+    if (list in inner or dict in inner) and _too_deep(record, max_depth):
+        raise _Rejected("too_deep")
+
+
 def _as_bytes(index: int, value: object) -> bytes:
     if value is None:  # a Kafka tombstone: nothing to decode
         return b""
+    if isinstance(value, bytes):  # a subclass such as numpy.bytes_
+        return value
     if isinstance(value, bytearray | memoryview):
         return bytes(value)
     raise TypeError(f"decode_block: values[{index}] is {type(value).__name__}, expected bytes")
@@ -405,6 +437,7 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
     unpack = plan.unpack
     max_bytes = plan.max_record_bytes
     max_depth = plan.max_depth
+    n_features = len(features)
     columns: list[list[Any]] = [[] for _ in features]
     appends = [column.append for column in columns]
     mixed = [False] * len(features)
@@ -430,23 +463,34 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
         except ValueError as exc:
             reject((index, _unpack_reason(exc)))
             continue
-        if type(record) is not dict or not _STR_ONLY.issuperset(map(type, record)):
+        if type(record) is not dict:
             reject((index, "format"))
             continue
-        inner = set(map(type, record.values()))
-        if (list in inner or dict in inner) and _too_deep(record, max_depth):
-            reject((index, "too_deep"))
-            continue
+        # The structural checks (str keys, depth) run only when a value is not one of the
+        # plain kinds the fast paths take, or keys other than the features are present.
+        checked = False
         done = 0
         try:
             for fp in features:
                 item = record.get(fp.name, _MISSING)
-                if type(item) is not bytes or len(item) != fp.nbytes or not fp.raw_fast:
+                kind = type(item)
+                if kind is bytes and len(item) == fp.nbytes and fp.raw_fast:
+                    pass
+                elif (kind is float and fp.fast_float and fp.flo <= item <= fp.fhi) or (
+                    kind is int and fp.fast_int and fp.lo <= item <= fp.hi
+                ):
+                    mixed[done] = True
+                else:
+                    if not checked:
+                        _check_structure(record, max_depth)
+                        checked = True
                     item = _convert(fp, item)
                     if type(item) is not bytes:
                         mixed[done] = True
                 appends[done](item)
                 done += 1
+            if not checked and len(record) != n_features:
+                _check_structure(record, max_depth)
         except _Rejected as rejection:
             for column in columns[:done]:
                 column.pop()

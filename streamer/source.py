@@ -6,7 +6,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -15,10 +14,11 @@ import tensorflow as tf
 from consumers.block import RecordBlock
 from consumers.errors import ConfigError, StreamerError
 from consumers.settings import ConsumerSettings
-from consumers.shard import Shard, ShardHooks
+from consumers.shard import JoinBarrier, Shard, ShardHooks
 from streamer.decode import decode_block
 from streamer.offsets import OffsetTracker
 from streamer.schema import Schema
+from streamer.settings import PipelineSettings
 
 if TYPE_CHECKING:
     from streamer.deadletter import DeadLetterWriter
@@ -52,41 +52,6 @@ class ShardLike(Protocol):
 
 
 ShardFactory = Callable[[int, int, ShardHooks], ShardLike]
-
-
-@dataclass(frozen=True, slots=True)
-class PipelineSettings:
-    """The tf.data side: shard count, batch size and when a pass ends.
-
-    A pass ends when ``pass_records`` records were emitted, ``pass_seconds`` passed, every shard
-    saw no record for ``idle_timeout_seconds``, or ``StreamSource.stop()`` was called.
-    """
-
-    num_shards: int = 2
-    batch_size: int = 256
-    pass_records: int | None = None
-    pass_seconds: float | None = None
-    idle_timeout_seconds: float = 10.0
-    get_timeout_seconds: float = 0.2
-    prefetch_batches: int = -1  # tf.data.AUTOTUNE
-    drop_remainder: bool = False
-    linger: bool = False
-    log_rejects_per_second: float = 20.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.num_shards <= 256:
-            raise ConfigError("shards", self.num_shards, "an integer from 1 to 256")
-        if self.batch_size < 1:
-            raise ConfigError("batch_size", self.batch_size, "a positive integer")
-        if self.pass_records is not None and self.pass_records < 1:
-            raise ConfigError("pass_records", self.pass_records, "a positive integer or unset")
-        if self.pass_seconds is not None and self.pass_seconds <= 0:
-            raise ConfigError("pass_seconds", self.pass_seconds, "a positive number or unset")
-        if self.idle_timeout_seconds <= 0:
-            raise ConfigError(
-                "idle_timeout_seconds", self.idle_timeout_seconds, "a positive number"
-            )
 
 
 class _Hooks(ShardHooks):
@@ -214,6 +179,8 @@ class StreamSource:
         self._stop = threading.Event()
         self._budget: int | None = None
         self._pass_started = 0.0
+        self._opened_in_pass = self.settings.num_shards  # the first shard opened starts a pass
+        self._barrier = JoinBarrier(self.settings.num_shards)
         self._hooks = _Hooks(self)
         self._reject_log_tokens = self.settings.log_rejects_per_second
         self._reject_log_t = time.monotonic()
@@ -222,10 +189,9 @@ class StreamSource:
         self.failure: BaseException | None = None
         self._names = [f.name for f in schema.features]
 
-    @staticmethod
-    def _kafka_factory(consumer: ConsumerSettings) -> ShardFactory:
+    def _kafka_factory(self, consumer: ConsumerSettings) -> ShardFactory:
         def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
-            return Shard(consumer, k, n, hooks=hooks)
+            return Shard(consumer, k, n, hooks=hooks, barrier=self._barrier)
 
         return make
 
@@ -248,9 +214,14 @@ class StreamSource:
         def shard_dataset(k: tf.Tensor) -> tf.data.Dataset:
             return tf.data.Dataset.from_generator(generate, output_signature=signature, args=(k, n))
 
-        return tf.data.Dataset.range(n).interleave(
+        ds = tf.data.Dataset.range(n).interleave(
             shard_dataset, cycle_length=n, num_parallel_calls=n, deterministic=False
         )
+        # Each generator call runs on a tf.data thread: give the shards threads of their own
+        # so N shards never wait on a pool sized by the core count.
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = n + 4
+        return ds.with_options(options)
 
     def dataset(self) -> tf.data.Dataset:
         """Batches of decoded features plus metadata columns; each iteration is one pass."""
@@ -284,10 +255,19 @@ class StreamSource:
     # ---- generator (runs on tf.data's threads) ----------------------------------------------
 
     def begin_pass(self) -> None:
-        """Reset the pass budget and clock (called by the first generator of a pass as well)."""
+        """Start a pass: reset its record budget, clock and join barrier.
+
+        Called implicitly when the N shards of the previous pass have all been opened (each
+        iteration of the dataset opens N shards), explicitly by the worker.
+        """
         with self._lock:
-            self._budget = self.settings.pass_records
-            self._pass_started = time.monotonic()
+            self._begin_pass_locked()
+
+    def _begin_pass_locked(self) -> None:
+        self._budget = self.settings.pass_records
+        self._pass_started = time.monotonic()
+        self._opened_in_pass = 0
+        self._barrier = JoinBarrier(self.settings.num_shards)
 
     def _take_budget(self, n: int) -> bool:
         """Charge ``n`` records to the pass; False once the pass budget is spent."""
@@ -304,12 +284,18 @@ class StreamSource:
     def _generate(self, shard_index: Any, num_shards: Any) -> Iterator[tuple[Any, ...]]:
         k, n = int(shard_index), int(num_shards)
         with self._lock:
-            first = not self._open
-        if first:
-            self.begin_pass()
+            if self._opened_in_pass >= n:
+                self._begin_pass_locked()
+            self._opened_in_pass += 1
         shard = self._factory(k, n, self._hooks)
         with self._lock:
             self._open.append(shard)
+        empty = (
+            np.array([], dtype=object),
+            np.array([], dtype=np.int32),
+            np.array([], dtype=np.int64),
+            np.array([], dtype=np.int64),
+        )
         try:
             shard.start()
             idle_since = time.monotonic()
@@ -323,8 +309,12 @@ class StreamSource:
                     break
                 block = shard.get(timeout)
                 if block is None:
-                    if time.monotonic() - idle_since >= self.settings.idle_timeout_seconds:
+                    # Joining the group takes seconds: idle time counts from the last assignment.
+                    since = max(idle_since, getattr(shard, "last_rebalance_monotonic", 0.0))
+                    if time.monotonic() - since >= self.settings.idle_timeout_seconds:
                         break
+                    # Hand the thread back to tf.data instead of blocking it while idle.
+                    yield empty
                     continue
                 idle_since = time.monotonic()
                 self.tracker.register(block.partition, block.offset)
