@@ -109,27 +109,36 @@ class JoinBarrier:
 
     Shards are created one after the other; without this the first one to join is assigned
     every partition, starts fetching, and each later join revokes and re-fetches (a rebalance
-    round each). Released once every shard reported the same stable generation, or after
-    ``timeout_s`` (another worker may keep the group rebalancing).
+    round each). Released once every shard reported the same stable generation for
+    ``settle_s`` (a leader that assigned from stale metadata rejoins within a heartbeat), or
+    after ``timeout_s`` (another worker may keep the group rebalancing).
     """
 
-    def __init__(self, parties: int, timeout_s: float = 30.0) -> None:
+    def __init__(self, parties: int, *, settle_s: float = 1.5, timeout_s: float = 30.0) -> None:
         self.parties = parties
-        self._generations: dict[int, int] = {}
+        self.settle_s = settle_s
+        self._generations: dict[int, int | None] = {}
         self._lock = threading.Lock()
         self._deadline = time.monotonic() + timeout_s
-        self.released = parties <= 1
+        self._agreed_since: float | None = None
+        self.released = False
 
-    def report(self, shard_index: int, generation: int) -> bool:
-        """Shard ``shard_index`` is stable in ``generation``; True once the barrier is released."""
+    def report(self, shard_index: int, generation: int | None) -> bool:
+        """Shard ``shard_index`` is stable in ``generation`` (None: rebalancing); True once released."""
+        now = time.monotonic()
         with self._lock:
             if self.released:
                 return True
+            if self._generations.get(shard_index, -2) != generation:
+                self._agreed_since = None
             self._generations[shard_index] = generation
             gens = set(self._generations.values())
-            if len(self._generations) == self.parties and len(gens) == 1:
-                self.released = True
-            elif time.monotonic() > self._deadline:
+            if len(self._generations) == self.parties and len(gens) == 1 and None not in gens:
+                if self._agreed_since is None:
+                    self._agreed_since = now
+                elif now - self._agreed_since >= self.settle_s:
+                    self.released = True
+            if not self.released and now > self._deadline:
                 log.warning(
                     "shards did not settle on one group generation in time; starting anyway"
                 )
@@ -210,6 +219,9 @@ class Shard:
         self._consumer = open_consumer(self.settings, self.shard_index, self._factory)
         try:
             if self.settings.mode == "group":
+                # Fetch the topic's metadata first: a group leader without it assigns nothing
+                # and the group only rebalances again at the next metadata refresh (minutes).
+                self._consumer.partitions_for_topic(self._topic)
                 self._consumer.subscribe(topics=[self._topic], listener=_Listener(self))
             else:
                 parts = self.settings.static_partitions(self.shard_index, self.num_shards)
@@ -256,6 +268,11 @@ class Shard:
     def assigned(self) -> frozenset[int]:
         with self._cond:
             return frozenset(self._assigned_set)
+
+    @property
+    def joining(self) -> bool:
+        """True while the shard waits for the other shards of its pass to join the group."""
+        return not self._joined
 
     @property
     def queued_records(self) -> int:
@@ -416,10 +433,10 @@ class Shard:
     def _check_joined(self) -> None:
         assert self._barrier is not None
         meta = self._consumer.group_metadata()
-        if meta.state is MemberState.STABLE and meta.generation_id >= 0:
-            self._joined = self._barrier.report(self.shard_index, meta.generation_id)
-        elif self._barrier.released:
-            self._joined = True
+        stable = meta.state is MemberState.STABLE and meta.generation_id >= 0
+        self._joined = self._barrier.report(
+            self.shard_index, meta.generation_id if stable else None
+        )
 
     def _take_commits(self) -> dict[int, int]:
         with self._cond:

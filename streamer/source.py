@@ -180,7 +180,7 @@ class StreamSource:
         self._budget: int | None = None
         self._pass_started = 0.0
         self._opened_in_pass = self.settings.num_shards  # the first shard opened starts a pass
-        self._barrier = JoinBarrier(self.settings.num_shards)
+        self._barrier = self._new_barrier()
         self._hooks = _Hooks(self)
         self._reject_log_tokens = self.settings.log_rejects_per_second
         self._reject_log_t = time.monotonic()
@@ -188,6 +188,10 @@ class StreamSource:
         self.records_rejected = 0
         self.failure: BaseException | None = None
         self._names = [f.name for f in schema.features]
+
+    def _new_barrier(self) -> JoinBarrier:
+        heartbeat_s = (self.consumer.heartbeat_interval_ms if self.consumer else 1000) / 1000
+        return JoinBarrier(self.settings.num_shards, settle_s=1.5 * heartbeat_s)
 
     def _kafka_factory(self, consumer: ConsumerSettings) -> ShardFactory:
         def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
@@ -267,7 +271,7 @@ class StreamSource:
         self._budget = self.settings.pass_records
         self._pass_started = time.monotonic()
         self._opened_in_pass = 0
-        self._barrier = JoinBarrier(self.settings.num_shards)
+        self._barrier = self._new_barrier()
 
     def _take_budget(self, n: int) -> bool:
         """Charge ``n`` records to the pass; False once the pass budget is spent."""
@@ -311,6 +315,8 @@ class StreamSource:
                 if block is None:
                     # Joining the group takes seconds: idle time counts from the last assignment.
                     since = max(idle_since, getattr(shard, "last_rebalance_monotonic", 0.0))
+                    if getattr(shard, "joining", False):
+                        since = idle_since = time.monotonic()
                     if time.monotonic() - since >= self.settings.idle_timeout_seconds:
                         break
                     # Hand the thread back to tf.data instead of blocking it while idle.

@@ -74,7 +74,7 @@ RUN_OPTIONS: tuple[str, ...] = (
     "ssl-certfile", "ssl-keyfile", "log-level", "log-format", "config",
 )  # fmt: skip
 SIMULATE_OPTIONS: tuple[str, ...] = (
-    "bootstrap", "topic", "records", "partitions", "rate", "record-bytes",
+    "bootstrap", "topic", "records", "partitions", "rate", "record-bytes", "seed", "log-level",
 )  # fmt: skip
 # Secrets: environment only, never flags or config keys.
 SECRET_ENV_VARS: tuple[str, ...] = (
@@ -805,6 +805,42 @@ def test_promtool(args: tuple[str, ...]) -> None:
         [_promtool(), *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
     assert proc.returncode == 0, f"promtool {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def _grafana_to_promql(expr: str) -> str:
+    """A dashboard query with Grafana's variables replaced, as Prometheus would receive it."""
+    label_values = re.fullmatch(r"\s*label_values\((.*),\s*\w+\)\s*", expr, re.S)
+    if label_values:  # a Grafana function: check its series selector
+        expr = label_values.group(1)
+    for variable, value in (
+        ("$__rate_interval", "1m"),
+        ("$__interval", "1m"),
+        ("$__range", "1h"),
+        ("$instance", ".*"),
+        ("$topic", ".*"),
+    ):
+        expr = expr.replace(variable, value)
+    assert "$" not in expr, f"unknown Grafana variable in {expr!r}"
+    return expr
+
+
+def test_dashboard_queries_are_valid_promql(tmp_path: Path) -> None:
+    """promtool parses every dashboard query (as recording rules of a scratch rule file)."""
+    promtool = _promtool()
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": _grafana_to_promql(expr)}
+        for i, (_where, expr) in enumerate(_dashboard_exprs())
+    ]
+    path = tmp_path / "dashboard_queries.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    proc = subprocess.run(
+        [promtool, "check", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, f"dashboard queries do not parse:\n{proc.stdout}\n{proc.stderr}"
 
 
 def test_kustomize_builds() -> None:

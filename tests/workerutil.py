@@ -1,0 +1,217 @@
+"""Helpers for tests that run the worker as a real process (``python -m streamer.cli run``)."""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROGRESS = re.compile(r"progress step=(\d+) .*?loss=([-+0-9.eEnaif]+)")
+_RESTORED = re.compile(r"restored \S+: step (\d+), offsets (\{[^}]*\})")
+_STARTING = re.compile(r"worker \S+ starting at step (\d+)")
+_STOPPED = re.compile(r"stopped \((.*)\) at step (\d+)")
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    loss: float
+
+
+class WorkerProcess:
+    """One ``streamer run`` process; stderr (the log) goes to ``log_path``.
+
+    >>> w = WorkerProcess.start(["--bootstrap", b, "--topic", t], tmp_path / "w1.log")  # doctest: +SKIP
+    >>> assert w.wait(120) == 0
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, argv: list[str]) -> None:
+        self.proc = proc
+        self.log_path = log_path
+        self.argv = argv
+
+    @classmethod
+    def start(cls, args: Sequence[str], log_path: Path) -> WorkerProcess:
+        env = dict(os.environ)
+        env.update(PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        # A STREAMER_* variable in the test environment must not change the worker under test.
+        for key in [k for k in env if k.startswith("STREAMER_")]:
+            del env[key]
+        argv = [sys.executable, "-m", "streamer.cli", "run", *args]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_path, "ab") as err:
+            proc = subprocess.Popen(
+                argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err
+            )
+        return cls(proc, log_path, argv)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def tail(self, chars: int = 4000) -> str:
+        return f"--- {self.log_path} (last {chars} chars) ---\n{self.log()[-chars:]}"
+
+    def wait(self, timeout: float) -> int:
+        """Exit code; kills the process and fails (with the log tail) if it outlives ``timeout``."""
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(
+                f"worker did not exit within {timeout:.0f}s\n{self.tail()}"
+            ) from None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, signum)
+
+    def terminate(self) -> None:
+        self.signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL (kill -9) and reap."""
+        if self.alive():
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float, what: str) -> None:
+        """Poll ``predicate`` until true; fail with the log tail on timeout or early exit."""
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if not self.alive():
+                raise AssertionError(
+                    f"worker exited (code {self.proc.returncode}) before {what}\n{self.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"timed out after {timeout:.0f}s waiting for {what}\n{self.tail()}"
+                )
+            time.sleep(0.05)
+
+    # ---- what the log says ----------------------------------------------------------------------
+
+    def progress(self) -> list[Progress]:
+        return [Progress(int(s), float(x)) for s, x in _PROGRESS.findall(self.log())]
+
+    def restored(self) -> tuple[int, dict[int, int]] | None:
+        """(step, offsets) from the worker's ``restored ...`` line, or None if it restored nothing."""
+        m = _RESTORED.search(self.log())
+        if m is None:
+            return None
+        return int(m.group(1)), {int(k): int(v) for k, v in ast.literal_eval(m.group(2)).items()}
+
+    def starting_step(self) -> int | None:
+        m = _STARTING.search(self.log())
+        return None if m is None else int(m.group(1))
+
+    def stopped(self) -> tuple[str, int] | None:
+        """(reason, step) of the final ``stopped (...) at step N`` line."""
+        m = _STOPPED.search(self.log())
+        return None if m is None else (m.group(1), int(m.group(2)))
+
+
+def worker_args(
+    bootstrap: str | None,
+    topic: str,
+    group: str,
+    audit: Path | None,
+    *,
+    shards: int = 4,
+    batch_size: int = 256,
+    stop_after_idle: float | None = 5,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every_steps: int | None = None,
+    worker_id: str = "w0",
+    extra: Sequence[str] = (),
+) -> list[str]:
+    args = ["--topic", topic, "--shards", str(shards), "--batch-size", str(batch_size)]
+    args += ["--metrics-port", "0", "--status-interval", "0.5", "--worker-id", worker_id]
+    if bootstrap is not None:
+        args += ["--bootstrap", bootstrap, "--group", group]
+    if audit is not None:
+        args += ["--audit-log", str(audit)]
+    if stop_after_idle is not None:
+        args += ["--stop-after-idle", str(stop_after_idle)]
+    if checkpoint_dir is not None:
+        args += ["--checkpoint-dir", str(checkpoint_dir)]
+    if checkpoint_every_steps is not None:
+        args += ["--checkpoint-every-steps", str(checkpoint_every_steps)]
+    return [*args, *extra]
+
+
+def read_audit(path: Path, topic: str) -> Counter[tuple[int, int]]:
+    """How many times each (partition, offset) of ``topic`` was trained, from the audit log."""
+    counts: Counter[tuple[int, int]] = Counter()
+    if not path.exists():
+        return counts
+    for n, line in enumerate(path.read_text(encoding="ascii").splitlines(), 1):
+        t, p, o = line.rsplit(",", 2)
+        assert t == topic, f"{path}:{n}: unexpected topic in {line!r}"
+        counts[int(p), int(o)] += 1
+    return counts
+
+
+def audit_lines(path: Path) -> int:
+    try:
+        with open(path, "rb") as fh:
+            return sum(1 for _ in fh)
+    except FileNotFoundError:
+        return 0
+
+
+def end_offsets(bootstrap: str, topic: str) -> dict[int, int]:
+    """The log end offset of every partition of ``topic``."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        parts = consumer.partitions_for_topic(topic)
+        assert parts, f"topic {topic} has no partitions"
+        tps = [TopicPartition(topic, p) for p in sorted(parts)]
+        return {tp.partition: int(o) for tp, o in consumer.end_offsets(tps).items()}
+    finally:
+        consumer.close(autocommit=False)
+
+
+def all_records(ends: dict[int, int]) -> set[tuple[int, int]]:
+    """Every (partition, offset) below the end offsets (a fresh topic, nothing deleted)."""
+    return {(p, o) for p, end in ends.items() for o in range(end)}
+
+
+def committed_offsets(bootstrap: str, group: str, topic: str) -> dict[int, int | None]:
+    from consumers.admin import group_lag
+
+    return {row.partition: row.committed for row in group_lag(bootstrap, group, topic)}
+
+
+def missing_and_extra(
+    counts: Counter[tuple[int, int]], expected: set[tuple[int, int]]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Expected records absent from the audit, and audited records that were never produced."""
+    missing = sorted(expected - counts.keys())
+    extra = sorted(counts.keys() - expected)
+    return missing, extra
+
+
+def summarize(records: list[tuple[int, int]], limit: int = 10) -> str:
+    return f"{len(records)} records, e.g. {records[:limit]}"
