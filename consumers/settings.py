@@ -18,9 +18,11 @@ __all__ = [
     "SecurityProtocol",
     "SecuritySettings",
     "ShardMode",
+    "ShardRuntime",
 ]
 
 ShardMode = Literal["group", "static"]
+ShardRuntime = Literal["thread", "process"]
 AutoOffsetReset = Literal["earliest", "latest", "none"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -170,6 +172,7 @@ class ConsumerSettings:
     queue_max_blocks: int = 8
     client_id: str = "streamer"
     bootstrap_timeout_ms: int = 10_000
+    shard_runtime: ShardRuntime = "thread"
     security: SecuritySettings = field(default_factory=SecuritySettings)
 
     def __post_init__(self) -> None:
@@ -192,6 +195,8 @@ class ConsumerSettings:
             raise ConfigError("partitions", self.partitions, "only allowed in static mode")
         if self.partitions is not None and any(p < 0 for p in self.partitions):
             raise ConfigError("partitions", self.partitions, "partition numbers are >= 0")
+        if self.shard_runtime not in ("thread", "process"):
+            raise ConfigError("shard_runtime", self.shard_runtime, "thread or process")
         if self.auto_offset_reset not in _RESETS:
             raise ConfigError("auto_offset_reset", self.auto_offset_reset, f"one of {_RESETS}")
         positive = (

@@ -115,7 +115,71 @@ def _parser() -> argparse.ArgumentParser:
         "--topic", default=None, help="only this topic [default: every topic the group committed]"
     )
     lag.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    bench = sub.add_parser(
+        "bench",
+        help="measure raw kafka-python, a naive pipeline, ours and the worker on one topic",
+        description=(
+            "Fill a fresh topic with simulator records (unless --topic is given), then measure, "
+            "alternating and repeated so drift cancels: raw (a plain kafka-python poll loop), naive "
+            "(one record per generator call and per numpy_function), pipeline (ours, input only) "
+            "and worker (ours with the default model). Prints a table, or JSON with --json."
+        ),
+    )
+    bench.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    bench.add_argument(
+        "--records", type=int, default=100_000, help="records in the topic [default: 100000]"
+    )
+    bench.add_argument(
+        "--record-bytes", type=int, default=1024, help="record size in bytes [default: 1024]"
+    )
+    bench.add_argument(
+        "--shards", type=int, default=4, help="shards of the pipeline and worker [default: 4]"
+    )
+    bench.add_argument("--repeats", type=int, default=3, help="rounds of all modes [default: 3]")
+    bench.add_argument(
+        "--topic", default=None, help="measure an existing topic instead of filling a new one"
+    )
+    bench.add_argument(
+        "--modes",
+        default="raw,naive,pipeline,worker",
+        help="comma-separated subset [default: all four]",
+    )
+    bench.add_argument(
+        "--naive-records",
+        type=int,
+        default=20_000,
+        help="records read by the slow naive mode [default: 20000]",
+    )
+    bench.add_argument(
+        "--json", action="store_true", help="print one JSON object instead of a table"
+    )
     return parser
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    configure_logging("WARNING")
+    from streamer.bench import MODES, format_table, run_bench
+
+    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    for m in modes:
+        if m not in MODES:
+            raise ConfigError("modes", m, f"one of {', '.join(MODES)}")
+    for name in ("records", "shards", "repeats", "naive_records"):
+        if getattr(args, name) < 1:
+            raise ConfigError(name, getattr(args, name), "a positive integer")
+    result = run_bench(
+        args.bootstrap,
+        records=args.records,
+        record_bytes=args.record_bytes,
+        shards=args.shards,
+        repeats=args.repeats,
+        topic=args.topic,
+        modes=modes,
+        naive_records=args.naive_records,
+    )
+    summary = result.summary()
+    print(json.dumps(summary, indent=2) if args.json else format_table(summary))
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -171,7 +235,7 @@ def _cmd_lag(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     _quiet_tensorflow()
     args = _parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "simulate": _cmd_simulate, "lag": _cmd_lag}
+    handlers = {"run": _cmd_run, "simulate": _cmd_simulate, "lag": _cmd_lag, "bench": _cmd_bench}
     try:
         return handlers[args.command](args)
     except ConfigError as exc:

@@ -195,6 +195,14 @@ class StreamSource:
 
     def _kafka_factory(self, consumer: ConsumerSettings) -> ShardFactory:
         def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
+            if consumer.shard_runtime == "process":
+                from consumers.procshard import ProcessShard
+
+                with self._lock:
+                    restore = dict(self._restore)
+                return ProcessShard(
+                    consumer, k, n, hooks=hooks, barrier=self._barrier, restore=restore
+                )
             return Shard(consumer, k, n, hooks=hooks, barrier=self._barrier)
 
         return make

@@ -1,0 +1,280 @@
+"""Benchmark: raw kafka-python, a naive per-record pipeline, ours, and the worker, side by side."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+
+from consumers.settings import ConsumerSettings
+
+__all__ = ["BenchResult", "run_bench"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("raw", "naive", "pipeline", "worker")
+
+
+@dataclass
+class BenchResult:
+    """Records/s per mode over repeats, plus the worker's input-wait fraction."""
+
+    topic: str
+    records: int
+    record_bytes: int
+    shards: int
+    rates: dict[str, list[float]] = field(default_factory=dict)
+    input_wait_fraction: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "topic": self.topic,
+            "records": self.records,
+            "record_bytes": self.record_bytes,
+            "shards": self.shards,
+            "modes": {},
+        }
+        for mode, rates in self.rates.items():
+            out["modes"][mode] = {
+                "records_per_second_median": statistics.median(rates),
+                "records_per_second_min": min(rates),
+                "records_per_second_max": max(rates),
+                "repeats": len(rates),
+            }
+        med = {m: statistics.median(r) for m, r in self.rates.items()}
+        if "pipeline" in med and "raw" in med:
+            out["ratio_pipeline_raw"] = med["pipeline"] / med["raw"]
+        if "pipeline" in med and "naive" in med:
+            out["ratio_pipeline_naive"] = med["pipeline"] / med["naive"]
+        if self.input_wait_fraction:
+            out["worker_input_wait_fraction"] = statistics.median(self.input_wait_fraction)
+        return out
+
+
+def _fill(bootstrap: str, topic: str, records: int, record_bytes: int, partitions: int) -> None:
+    from streamer.simulator import produce
+
+    produce(
+        bootstrap, topic, records, partitions=partitions, record_bytes=record_bytes, progress=None
+    )
+
+
+def _partitions(bootstrap: str, topic: str) -> list[int]:
+    from kafka import KafkaConsumer
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        return sorted(c.partitions_for_topic(topic) or [])
+    finally:
+        c.close()
+
+
+def _settings(bootstrap: str, topic: str, parts: list[int], shards: int) -> ConsumerSettings:
+    return ConsumerSettings(
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        mode="static",
+        partitions=tuple(parts),
+        num_shards=shards,
+        worker_id=f"bench-{uuid.uuid4().hex[:6]}",
+    )
+
+
+def bench_raw(cs: ConsumerSettings, n: int) -> float:
+    """A plain poll loop with the same consumer settings, touching every value."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    cfg = cs.kafka_config(0)
+    cfg.pop("group_instance_id", None)
+    cfg["group_id"] = None
+    c = KafkaConsumer(**cfg)
+    c.assign([TopicPartition(cs.topic, p) for p in cs.partitions or ()])
+    c.seek_to_beginning()
+    got = 0
+    touched = 0
+    t0 = None
+    deadline = time.monotonic() + 600
+    while got < n and time.monotonic() < deadline:
+        for records in c.poll(timeout_ms=200).values():
+            if t0 is None:
+                t0 = time.perf_counter()
+            for r in records:
+                touched += len(r.value)
+            got += len(records)
+    t1 = time.perf_counter()
+    c.close(autocommit=False)
+    return got / (t1 - (t0 or t1) + 1e-9)
+
+
+def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
+    """The textbook pipeline: one record per generator call, one numpy_function per record."""
+    import tensorflow as tf
+    from kafka import KafkaConsumer, TopicPartition
+
+    from streamer.decode import decode_block
+    from streamer.simulator import SimulatorTask
+
+    schema = SimulatorTask().schema()
+    cfg = cs.kafka_config(0)
+    cfg.pop("group_instance_id", None)
+    cfg["group_id"] = None
+
+    def gen() -> Any:
+        c = KafkaConsumer(**cfg)
+        c.assign([TopicPartition(cs.topic, p) for p in cs.partitions or ()])
+        c.seek_to_beginning()
+        sent = 0
+        try:
+            while sent < n:
+                for records in c.poll(timeout_ms=200).values():
+                    for r in records:
+                        yield r.value
+                        sent += 1
+        finally:
+            c.close(autocommit=False)
+
+    def decode_one(value: bytes) -> tuple[np.ndarray, np.ndarray]:
+        d = decode_block(schema, [value])
+        return d.features["x"][0], d.features["y"][0]
+
+    def tf_decode(v: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        x, y = tf.numpy_function(decode_one, [v], [tf.float32, tf.float32])
+        x.set_shape(schema.feature("x").shape)
+        y.set_shape(())
+        return x, y
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([], tf.string))
+    ds = ds.map(tf_decode).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    got = 0
+    t0 = None
+    for x, _y in ds:
+        if t0 is None:
+            t0 = time.perf_counter()
+        got += int(x.shape[0])
+    t1 = time.perf_counter()
+    return got / (t1 - (t0 or t1) + 1e-9)
+
+
+def bench_pipeline(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
+    """Our batched dataset, input only."""
+    from streamer.settings import PipelineSettings
+    from streamer.simulator import SimulatorTask
+    from streamer.source import StreamSource
+
+    source = StreamSource(
+        SimulatorTask().schema(),
+        PipelineSettings(
+            num_shards=cs.num_shards, batch_size=batch_size, pass_records=n, idle_timeout_seconds=5
+        ),
+        consumer=cs,
+    )
+    got = 0
+    t0 = None
+    for batch in source.dataset():
+        if t0 is None:
+            t0 = time.perf_counter()
+        got += int(batch["offset"].shape[0])
+    t1 = time.perf_counter()
+    source.close()
+    return got / (t1 - (t0 or t1) + 1e-9)
+
+
+def bench_worker(cs: ConsumerSettings, n: int, batch_size: int = 256) -> tuple[float, float]:
+    """The worker with the default model: samples/s and the fraction of time waiting for input."""
+    from streamer.config import load_config
+    from streamer.worker import Worker
+
+    cfg = load_config(
+        {
+            "bootstrap": cs.bootstrap_servers,
+            "topic": cs.topic,
+            "group": cs.group_id,
+            "partitions": ",".join(str(p) for p in cs.partitions or ()),
+            "shards": str(cs.num_shards),
+            "batch_size": str(batch_size),
+            "pass_records": str(n),
+            "stop_after_idle": "3",
+            "metrics_port": "0",
+            "log_level": "WARNING",
+            "status_interval": "3600",
+        },
+        env={},
+    )
+    worker = Worker(cfg)
+    worker.run()
+    assert worker.metrics is not None
+    reg = worker.metrics.registry
+    samples = reg.get_sample_value("streamer_samples_trained_total", {"topic": cs.topic}) or 0.0
+    wait = reg.get_sample_value("streamer_input_wait_seconds_sum") or 0.0
+    step = reg.get_sample_value("streamer_train_step_seconds_sum") or 0.0
+    # Time from the first to the last step: input wait + step time, the first wait excluded.
+    busy = max(wait + step - worker.first_wait_seconds, 1e-9)
+    return samples / busy, (wait - worker.first_wait_seconds) / busy
+
+
+def run_bench(
+    bootstrap: str,
+    *,
+    records: int = 100_000,
+    record_bytes: int = 1024,
+    shards: int = 4,
+    repeats: int = 3,
+    topic: str | None = None,
+    modes: tuple[str, ...] = MODES,
+    naive_records: int = 20_000,
+    progress: IO[str] | None = None,
+) -> BenchResult:
+    """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times."""
+    out = progress or sys.stderr
+    if topic is None:
+        topic = f"bench-{record_bytes}b-{uuid.uuid4().hex[:8]}"
+        out.write(f"filling {topic} with {records:,} records of ~{record_bytes} B\n")
+        _fill(bootstrap, topic, records, record_bytes, partitions=max(shards, 4))
+    parts = _partitions(bootstrap, topic)
+    result = BenchResult(topic, records, record_bytes, shards)
+    runners: dict[str, Callable[[ConsumerSettings], Any]] = {
+        "raw": lambda cs: bench_raw(cs, records),
+        "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
+        "pipeline": lambda cs: bench_pipeline(cs, records),
+        "worker": lambda cs: bench_worker(cs, records),
+    }
+    for r in range(repeats):
+        # Rotate the order every repeat so that drift on a shared machine cancels out.
+        order = list(modes[r % len(modes) :]) + list(modes[: r % len(modes)])
+        for mode in order:
+            cs = _settings(bootstrap, topic, parts, shards)
+            value = runners[mode](cs)
+            if mode == "worker":
+                rate, wait = value
+                result.input_wait_fraction.append(wait)
+            else:
+                rate = value
+            result.rates.setdefault(mode, []).append(rate)
+            out.write(f"  repeat {r + 1}/{repeats} {mode:<9} {rate:>12,.0f} records/s\n")
+            out.flush()
+    return result
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"topic {summary['topic']}: {summary['records']:,} records of ~{summary['record_bytes']} B, "
+        f"{summary['shards']} shards",
+        f"{'mode':<10} {'median rec/s':>14} {'min':>12} {'max':>12}",
+    ]
+    for mode, m in summary["modes"].items():
+        lines.append(
+            f"{mode:<10} {m['records_per_second_median']:>14,.0f} {m['records_per_second_min']:>12,.0f} "
+            f"{m['records_per_second_max']:>12,.0f}"
+        )
+    for key in ("ratio_pipeline_raw", "ratio_pipeline_naive", "worker_input_wait_fraction"):
+        if key in summary:
+            lines.append(f"{key}: {summary[key]:.2f}")
+    return "\n".join(lines)

@@ -1,0 +1,114 @@
+"""Settings: defaults < TOML file < STREAMER_* environment < flags, validation, secrets, --help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from consumers.errors import ConfigError
+from consumers.settings import ConsumerSettings, Secret, SecuritySettings
+from streamer.config import OPTIONS, load_config
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text('topic = "from-file"\nbatch_size = 64\nshards = 3\n')
+    env = {"STREAMER_CONFIG": str(cfg), "STREAMER_BATCH_SIZE": "128"}
+    c = load_config({"shards": "5"}, env=env)
+    assert c.topic == "from-file"  # file
+    assert c.batch_size == 128  # env beats file
+    assert c.shards == 5  # flag beats env and file
+    assert c.group == "streamer"  # default
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "setting"),
+    [
+        ({"shards": "0"}, {}, "shards"),
+        ({"batch_size": "many"}, {}, "batch_size"),
+        ({}, {"STREAMER_METRICS_PORT": "70000"}, "metrics_port"),
+        ({}, {"STREAMER_BOGUS": "1"}, "STREAMER_BOGUS"),
+        ({"dead_letter_topic": "dlq"}, {}, "dead_letter_topic"),  # needs --bootstrap
+        ({"bootstrap": "not an address"}, {}, "bootstrap_servers"),
+        ({"bootstrap": "127.0.0.1:9092", "topic": "t", "dead_letter_topic": "t"}, {}, "dead_letter_topic"),
+        ({"schema": "/nonexistent/schema.toml"}, {}, "schema"),
+        ({"model": "no_colon_here"}, {}, "model"),
+        ({"auto_offset_reset": "sometimes"}, {}, "auto_offset_reset"),
+    ],
+)
+def test_invalid_settings_name_the_setting(args: dict[str, str], env: dict[str, str], setting: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(args, env=env)
+    assert info.value.setting == setting
+    assert setting in str(info.value)
+
+
+def test_unknown_key_in_config_file(tmp_path: Path) -> None:
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text("batch_sise = 12\n")
+    with pytest.raises(ConfigError, match="batch_sise"):
+        load_config({"config": str(cfg)}, env={})
+
+
+def test_secrets_come_from_env_or_file_and_never_show(tmp_path: Path) -> None:
+    pw = tmp_path / "pw"
+    pw.write_text("s3cr3t-pw\n")
+    env = {"STREAMER_SASL_PASSWORD_FILE": str(pw)}
+    c = load_config(
+        {
+            "bootstrap": "127.0.0.1:9092",
+            "security_protocol": "SASL_PLAINTEXT",
+            "sasl_mechanism": "SCRAM-SHA-256",
+            "sasl_username": "alice",
+        },
+        env=env,
+    )
+    assert c.sasl_password == Secret("s3cr3t-pw")
+    cs = c.consumer_settings()
+    assert cs.kafka_config(0)["sasl_plain_password"] == "s3cr3t-pw"
+    for text in (repr(c), str(c.describe()), repr(cs), str(cs.describe()), repr(cs.security)):
+        assert "s3cr3t-pw" not in text
+
+
+def test_sasl_without_password_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="password"):
+        SecuritySettings(security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_plain_username="a")
+
+
+def test_consumer_settings_never_auto_commit_and_static_split() -> None:
+    cs = ConsumerSettings(
+        bootstrap_servers="127.0.0.1:9092", topic="t", mode="static", partitions=(0, 1, 2, 3, 4), num_shards=2
+    )
+    assert cs.kafka_config(0)["enable_auto_commit"] is False
+    assert cs.static_partitions(0, 2) == [0, 2, 4]
+    assert cs.static_partitions(1, 2) == [1, 3]
+
+
+def test_help_documents_every_option_with_default() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "streamer.cli", "run", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    flat = " ".join(out.split())
+    for opt in OPTIONS:
+        assert opt.flag in out, opt.flag
+        assert opt.env in flat, opt.env
+    assert flat.count("default:") >= len(OPTIONS)
+    assert "PASSWORD" not in out.replace("STREAMER_SASL_PASSWORD", "").replace("STREAMER_SSL_PASSWORD", "")
+
+
+def test_cli_reports_config_errors_with_exit_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamer.cli", "run", "--shards", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "shards" in proc.stderr
