@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import logging
+import re
+import ssl
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import kafka.errors as kerrors
 from kafka import KafkaConsumer, TopicPartition
 
-from consumers.errors import AuthenticationError, BrokerUnavailableError, TopicNotFoundError
+from consumers.errors import (
+    AuthenticationError,
+    BrokerUnavailableError,
+    TlsHandshakeError,
+    TopicNotFoundError,
+)
 from consumers.settings import ConsumerSettings, SecuritySettings
 from consumers.shard import _AUTH_ERRORS
 
@@ -25,26 +33,147 @@ class _Readiness(Protocol):
     def waiting(self, component: str, reason: str) -> None: ...
 
 
+_TLS_FAILURE = re.compile(
+    r"CERTIFICATE_VERIFY_FAILED|ALERT_BAD_CERTIFICATE|ALERT_CERTIFICATE_[A-Z_]+|ALERT_UNKNOWN_CA"
+    r"|ALERT_HANDSHAKE_FAILURE|ALERT_ACCESS_DENIED|ALERT_DECRYPT_ERROR"
+)
+
+
+def _classify(value: object) -> str | None:
+    """'auth' or 'tls' when ``value`` is an exception that retrying cannot fix, else None."""
+    if isinstance(value, _AUTH_ERRORS):
+        return "auth"
+    if isinstance(value, BaseException):
+        if isinstance(value, ssl.SSLCertVerificationError) or _TLS_FAILURE.search(str(value)):
+            return "tls"
+    return None
+
+
+class _FailureWatch(logging.Handler):
+    """Watches one client's IO thread for a failed SASL authentication or TLS handshake.
+
+    kafka-python 3.0.12 retries a failed SASL authentication or TLS handshake until
+    ``bootstrap_timeout_ms`` and then raises a bare ``KafkaTimeoutError``: its bootstrap loop
+    catches the error, and its per-node cache of authentication failures is never filled on
+    that path. The error does reach the client's log records (on its IO thread
+    ``kafka-io-<client_id>``); this handler takes it from there, remembers it, and closes the
+    client's connection manager so the bootstrap ends at once: one refused attempt instead of
+    a retry storm until the timeout. Needs kafka-python's WARNING records enabled (the CLI
+    does); without them the failure surfaces after ``bootstrap_timeout_ms`` as
+    ``BrokerUnavailableError``.
+    """
+
+    def __init__(self, client_id: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.thread_name = f"kafka-io-{client_id}"
+        self.kind: str | None = None
+        self.error: BaseException | None = None
+        self.client: Any = None
+
+    def make_client(self, **configs: Any) -> Any:
+        """``kafka_client`` factory: the default client, kept so it can be stopped."""
+        from kafka.net.compat import KafkaNetClient
+
+        self.client = KafkaNetClient(**configs)
+        return self.client
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.kind is not None or record.threadName != self.thread_name:
+            return
+        args = record.args if isinstance(record.args, tuple) else ()
+        for arg in args:
+            kind = _classify(arg)
+            if kind is None:
+                continue
+            assert isinstance(arg, BaseException)
+            self.kind, self.error = kind, arg
+            manager = getattr(self.client, "_manager", None)
+            if manager is not None:
+                try:
+                    manager.close()  # ends the bootstrap loop: no more attempts
+                except Exception:  # pragma: no cover - then the bootstrap times out instead
+                    log.debug("could not end the bootstrap early", exc_info=True)
+            return
+
+    def __enter__(self) -> _FailureWatch:
+        logging.getLogger("kafka").addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger("kafka").removeHandler(self)
+
+    def stop_client(self) -> None:
+        """Stop the IO thread of a client whose constructor failed (it would leak otherwise)."""
+        if self.client is not None:
+            try:
+                self.client.close()
+            except Exception:  # pragma: no cover - best effort
+                log.debug("closing a failed probe client", exc_info=True)
+
+
+def _detail(exc: BaseException, security: SecuritySettings) -> str:
+    """An error's text for our messages, with any secret of ``security`` masked."""
+    text = f"{type(exc).__name__}: {exc}"
+    for secret in (security.sasl_plain_password, security.ssl_password):
+        if secret is not None and secret.get():
+            text = text.replace(secret.get(), "***")
+    return text
+
+
+def _connect(
+    factory: Any, bootstrap: str, security: SecuritySettings, timeout_ms: int, **configs: Any
+) -> Any:
+    """Build a kafka-python client; a failed authentication or TLS handshake fails at once.
+
+    Raises ``AuthenticationError``/``TlsHandshakeError`` (never retried) or
+    ``BrokerUnavailableError`` (no broker answered within ``timeout_ms``).
+    """
+    client_id = f"streamer-probe-{uuid.uuid4().hex[:8]}"
+    watch = _FailureWatch(client_id)
+    with watch:
+        try:
+            return factory(
+                bootstrap_servers=[s.strip() for s in bootstrap.split(",")],
+                client_id=client_id,
+                kafka_client=watch.make_client,
+                **configs,
+                **security.kafka_config(),
+            )
+        except _AUTH_ERRORS as exc:
+            watch.stop_client()
+            raise AuthenticationError(bootstrap, _detail(exc, security)) from exc
+        except (kerrors.NoBrokersAvailable, kerrors.KafkaTimeoutError) as exc:
+            watch.stop_client()
+            if watch.kind == "tls" and watch.error is not None:
+                raise TlsHandshakeError(bootstrap, _detail(watch.error, security)) from watch.error
+            if watch.kind == "auth" and watch.error is not None:
+                raise AuthenticationError(
+                    bootstrap, _detail(watch.error, security)
+                ) from watch.error
+            raise BrokerUnavailableError(
+                bootstrap, f"no answer within {timeout_ms} ms ({type(exc).__name__})"
+            ) from exc
+        except BaseException:
+            watch.stop_client()
+            raise
+
+
 def _probe_consumer(bootstrap: str, security: SecuritySettings, timeout_ms: int) -> Any:
-    try:
-        return KafkaConsumer(
-            bootstrap_servers=[s.strip() for s in bootstrap.split(",")],
-            client_id="streamer-probe",
-            enable_auto_commit=False,
-            bootstrap_timeout_ms=timeout_ms,
-            request_timeout_ms=max(timeout_ms, 5000),
-            **security.kafka_config(),
-        )
-    except (kerrors.NoBrokersAvailable, kerrors.KafkaTimeoutError) as exc:
-        raise BrokerUnavailableError(bootstrap, type(exc).__name__) from exc
-    except _AUTH_ERRORS as exc:
-        raise AuthenticationError(bootstrap, type(exc).__name__) from exc
+    return _connect(
+        KafkaConsumer,
+        bootstrap,
+        security,
+        timeout_ms,
+        enable_auto_commit=False,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=max(timeout_ms, 5000),
+    )
 
 
 def wait_for_topic(
     settings: ConsumerSettings,
     *,
-    attempts: int = 6,
+    attempts: int = 4,
     first_backoff_s: float = 1.0,
     max_backoff_s: float = 30.0,
     health: _Readiness | None = None,
@@ -53,24 +182,32 @@ def wait_for_topic(
 ) -> list[int]:
     """Wait until the broker answers and the topic exists; returns its partitions.
 
-    Bounded retries with exponential backoff while no broker answers (then
-    ``BrokerUnavailableError`` naming the bootstrap servers, never credentials); an
-    authentication failure is raised at once (retrying would not help). A missing topic is
-    waited for (not ready, backoff, one log line per attempt) for ``topic_wait_s`` seconds
+    Bounded retries with exponential backoff while no broker answers: ``attempts`` probes of
+    up to ``settings.bootstrap_timeout_ms`` each (defaults: 4 x 10 s plus 1 + 2 + 4 s of
+    backoff, under a minute), then ``BrokerUnavailableError`` naming the bootstrap servers
+    (never credentials). A failed authentication or TLS handshake is raised at once
+    (``AuthenticationError``, ``TlsHandshakeError``): retrying would not help. A missing topic
+    is waited for (not ready, backoff, one log line per attempt) for ``topic_wait_s`` seconds
     (default: forever), then ``TopicNotFoundError``.
     """
+    if attempts < 1:
+        raise ValueError("attempts must be at least 1")
     backoff = first_backoff_s
     waited_topic = 0.0
     attempt = 0
+    t0 = time.monotonic()
     while True:
         attempt += 1
         try:
             consumer = _probe_consumer(
                 settings.bootstrap_servers, settings.security, settings.bootstrap_timeout_ms
             )
-        except BrokerUnavailableError:
+        except BrokerUnavailableError as exc:
             if attempt >= attempts:
-                raise
+                raise BrokerUnavailableError(
+                    settings.bootstrap_servers,
+                    f"gave up after {attempt} attempts in {time.monotonic() - t0:.0f}s",
+                ) from exc
             log.warning(
                 "no Kafka broker answered at %s (attempt %d of %d); retrying in %.0fs",
                 settings.bootstrap_servers,
@@ -91,6 +228,8 @@ def wait_for_topic(
         finally:
             consumer.close(autocommit=False)
         if parts:
+            if waited_topic:
+                log.info("topic %r exists now: %d partitions", settings.topic, len(parts))
             return sorted(parts)
         if topic_wait_s is not None and waited_topic >= topic_wait_s:
             raise TopicNotFoundError(settings.topic)

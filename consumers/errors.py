@@ -9,6 +9,7 @@ __all__ = [
     "FencedError",
     "ShardFailedError",
     "StreamerError",
+    "TlsHandshakeError",
     "TopicNotFoundError",
 ]
 
@@ -56,6 +57,19 @@ class AuthenticationError(StreamerError):
         super().__init__(
             f"authentication with {bootstrap_servers} failed: {detail}. "
             "Check the SASL mechanism, user name and password (or the TLS files)."
+        )
+
+
+class TlsHandshakeError(AuthenticationError):
+    """The TLS handshake failed: an untrusted or mismatched certificate on either side."""
+
+    def __init__(self, bootstrap_servers: str, detail: str) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        StreamerError.__init__(
+            self,
+            f"TLS handshake with {bootstrap_servers} failed: {detail}. Check --ssl-cafile (the "
+            "CA that signed the broker's certificate), the broker's host name, and the client "
+            "certificate and key (--ssl-certfile, --ssl-keyfile) if the broker requires one.",
         )
 
 

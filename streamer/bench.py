@@ -216,8 +216,9 @@ def bench_worker(cs: ConsumerSettings, n: int, batch_size: int = 256) -> tuple[f
     wait = reg.get_sample_value("streamer_input_wait_seconds_sum") or 0.0
     step = reg.get_sample_value("streamer_train_step_seconds_sum") or 0.0
     # Time from the first to the last step: input wait + step time, the first wait excluded.
-    busy = max(wait + step - worker.first_wait_seconds, 1e-9)
-    return samples / busy, (wait - worker.first_wait_seconds) / busy
+    first = worker.first_wait_seconds or 0.0
+    busy = max(wait + step - first, 1e-9)
+    return samples / busy, (wait - first) / busy
 
 
 def run_bench(

@@ -190,7 +190,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     configure_logging(config.log_level, config.log_format)
     from streamer.worker import Worker
 
-    return Worker(config).run()
+    code = Worker(config).run()
+    _exit_guard(code, config.shutdown_timeout)
+    return code
+
+
+def _exit_guard(code: int, seconds: float) -> None:
+    """The worker is done; if some library thread keeps the interpreter from exiting, exit anyway."""
+    import threading
+
+    def guard() -> None:
+        import time
+
+        time.sleep(seconds)
+        sys.stderr.flush()
+        os._exit(code)
+
+    threading.Thread(target=guard, name="streamer-exit-guard", daemon=True).start()
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

@@ -64,7 +64,8 @@ class _Hooks(ShardHooks):
         s = self._s
         with s._lock:
             s._owner.update(dict.fromkeys(partitions, shard_index))
-            seeks = {p: s._restore.pop(p) for p in partitions if p in s._restore}
+            # Kept (not popped) until the pass ends: a first assignment may be short-lived.
+            seeks = {p: s._restore[p] for p in partitions if p in s._restore}
         if s.metrics is not None:
             s.metrics.partitions_assigned(partitions)
             s.metrics.rebalance("assigned")
@@ -76,6 +77,9 @@ class _Hooks(ShardHooks):
         with s._lock:
             for p in partitions:
                 s._owner.pop(p, None)
+                if p in s._restore and p in points:
+                    # The next owner starts from what is done, not from the checkpoint again.
+                    s._restore[p] = points[p]
         if s.metrics is not None:
             s.metrics.partitions_revoked(partitions)
             s.metrics.rebalance(event)  # type: ignore[arg-type]
@@ -438,10 +442,15 @@ class StreamSource:
             return len(self._open)
 
     def end_pass(self) -> None:
-        """Close the shards still open (lingering ones): pending commits are flushed first."""
+        """Close the shards still open (lingering ones): pending commits are flushed first.
+
+        Restored (checkpoint) offsets apply to the first pass only: its final commit carries
+        the position on, and later passes start from the group's commits.
+        """
         with self._lock:
             shards = list(self._open)
             self._open.clear()
+            self._restore.clear()
         for shard in shards:
             try:
                 shard.close()

@@ -119,7 +119,9 @@ class Worker:
         self.status_out = status_out or sys.stderr
         self.step = 0
         self.loss = float("nan")
+        self.first_wait_seconds: float | None = None
         self._stopping = threading.Event()
+        self._finished = threading.Event()
         self._stop_reason = ""
         self._signals = 0
         self._last_data = time.monotonic()
@@ -140,7 +142,8 @@ class Worker:
         timeout = self.config.shutdown_timeout
 
         def watchdog() -> None:
-            time.sleep(timeout)
+            if self._finished.wait(timeout):
+                return  # stopped cleanly in time: never kill a process that embeds run()
             log.error(
                 "clean shutdown did not finish within --shutdown-timeout %.0fs; exiting", timeout
             )
@@ -284,10 +287,10 @@ class Worker:
             self._last_commit_step, self._last_commit_t = self.step, time.monotonic()
             self._last_ckpt_step, self._last_ckpt_t = self.step, time.monotonic()
             while not self._stopping.is_set():
-                self._run_pass()
-                if (
-                    cfg.stop_after_idle is not None
-                    and time.monotonic() - self._last_data >= cfg.stop_after_idle
+                exhausted = self._run_pass()
+                if cfg.stop_after_idle is not None and (
+                    time.monotonic() - self._last_data >= cfg.stop_after_idle
+                    or (exhausted and self._pass_ends_only_when_idle())
                 ):
                     self.request_stop(f"idle for {cfg.stop_after_idle:g}s")
             status.maybe(self.step, self.loss, force=True)
@@ -299,16 +302,33 @@ class Worker:
             return 1
         finally:
             self._shutdown()
+            self._finished.set()
             if installed:
                 for s, h in old.items():
                     signal.signal(s, h)
 
-    def _run_pass(self) -> None:
+    def _pass_ends_only_when_idle(self) -> bool:
+        """True when the only way a pass runs out is every shard idle for --stop-after-idle.
+
+        The last batch of a pass (a partial one) comes out only when the pass ends, so the
+        time since the last step says nothing about the time since the last record.
+        """
+        cfg = self.config
+        assert cfg.stop_after_idle is not None
+        return (
+            cfg.pass_records is None
+            and cfg.pass_seconds is None
+            and cfg.idle_timeout >= cfg.stop_after_idle
+        )
+
+    def _run_pass(self) -> bool:
+        """One pass; True if the input ran out (rather than a stop request ending it)."""
         cfg = self.config
         source = self.source
         source.resume()
         source.begin_pass()
         iterator = iter(self.dataset)
+        exhausted = False
         try:
             while not self._stopping.is_set():
                 t0 = time.perf_counter()
@@ -316,6 +336,7 @@ class Worker:
                 try:
                     batch = next(iterator)
                 except StopIteration:
+                    exhausted = True
                     break
                 except tf.errors.OpError as exc:
                     cause = source.shard_failure()
@@ -332,6 +353,10 @@ class Worker:
                 self.tracker.ack(meta["partition"], meta["offset"])
                 assert self.metrics is not None
                 self.metrics.observe_step(n, t2 - t1, t1 - t0, self.loss)
+                if self.first_wait_seconds is None:
+                    self.first_wait_seconds = (
+                        t1 - t0
+                    )  # includes joining the group: benchmarks skip it
                 self.metrics.observe_trained(
                     meta["partition"], meta["offset"], meta["timestamp"], time.time()
                 )
@@ -346,6 +371,7 @@ class Worker:
             del iterator
             gc.collect()
             self._end_pass()
+        return exhausted and not self._stopping.is_set()
 
     # ---- commits and checkpoints ------------------------------------------------------------
 

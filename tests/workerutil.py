@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -16,7 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-_PROGRESS = re.compile(r"progress step=(\d+) .*?loss=([-+0-9.eEnaif]+)")
+_PROGRESS = re.compile(r"progress step=(\d+) .*?loss=(\S+) samples_trained=(\d+)")
+_CHECKPOINT = re.compile(r"checkpoint \S+ at step (\d+)")
 _RESTORED = re.compile(r"restored \S+: step (\d+), offsets (\{[^}]*\})")
 _STARTING = re.compile(r"worker \S+ starting at step (\d+)")
 _STOPPED = re.compile(r"stopped \((.*)\) at step (\d+)")
@@ -26,6 +28,7 @@ _STOPPED = re.compile(r"stopped \((.*)\) at step (\d+)")
 class Progress:
     step: int
     loss: float
+    samples_trained: int
 
 
 class WorkerProcess:
@@ -111,7 +114,16 @@ class WorkerProcess:
     # ---- what the log says ----------------------------------------------------------------------
 
     def progress(self) -> list[Progress]:
-        return [Progress(int(s), float(x)) for s, x in _PROGRESS.findall(self.log())]
+        """The ``progress step=... loss=... samples_trained=...`` lines, in order."""
+        return [Progress(int(s), float(x), int(n)) for s, x, n in _PROGRESS.findall(self.log())]
+
+    def samples_trained(self) -> int:
+        lines = self.progress()
+        return lines[-1].samples_trained if lines else 0
+
+    def checkpoints(self) -> list[int]:
+        """Steps of the checkpoints this process wrote."""
+        return [int(s) for s in _CHECKPOINT.findall(self.log())]
 
     def restored(self) -> tuple[int, dict[int, int]] | None:
         """(step, offsets) from the worker's ``restored ...`` line, or None if it restored nothing."""
@@ -128,6 +140,59 @@ class WorkerProcess:
         """(reason, step) of the final ``stopped (...) at step N`` line."""
         m = _STOPPED.search(self.log())
         return None if m is None else (m.group(1), int(m.group(2)))
+
+
+class RateProducer(threading.Thread):
+    """Produces simulator records into ``topic`` at about ``rate`` records/s until ``stop()``.
+
+    >>> producer = RateProducer(bootstrap, topic, rate=4000); producer.start()  # doctest: +SKIP
+    >>> sent = producer.stop()
+    """
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, seed: int = 0) -> None:
+        super().__init__(name=f"rate-producer-{topic}", daemon=True)
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.rate = rate
+        self.seed = seed
+        self.sent = 0
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        import numpy as np
+        from kafka import KafkaProducer
+
+        from streamer.simulator import SimulatorTask
+
+        task = SimulatorTask()
+        rng = np.random.default_rng(self.seed)
+        chunk = max(1, int(self.rate / 20))
+        try:
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap, acks="all", linger_ms=10)
+            try:
+                t0 = time.monotonic()
+                while not self._stop_event.is_set():
+                    wait = t0 + self.sent / self.rate - time.monotonic()
+                    if wait > 0 and self._stop_event.wait(wait):
+                        break
+                    for value in task.records(chunk, rng):
+                        producer.send(self.topic, value=value)
+                    self.sent += chunk
+                producer.flush(timeout=60)
+            finally:
+                producer.close(timeout=30)
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> int:
+        """Stop, flush, and return how many records were sent (raises what the thread raised)."""
+        self._stop_event.set()
+        self.join(90)
+        assert not self.is_alive(), "the producer thread did not stop"
+        if self.error is not None:
+            raise self.error
+        return self.sent
 
 
 def worker_args(

@@ -33,13 +33,19 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         ({}, {"STREAMER_BOGUS": "1"}, "STREAMER_BOGUS"),
         ({"dead_letter_topic": "dlq"}, {}, "dead_letter_topic"),  # needs --bootstrap
         ({"bootstrap": "not an address"}, {}, "bootstrap_servers"),
-        ({"bootstrap": "127.0.0.1:9092", "topic": "t", "dead_letter_topic": "t"}, {}, "dead_letter_topic"),
+        (
+            {"bootstrap": "127.0.0.1:9092", "topic": "t", "dead_letter_topic": "t"},
+            {},
+            "dead_letter_topic",
+        ),
         ({"schema": "/nonexistent/schema.toml"}, {}, "schema"),
         ({"model": "no_colon_here"}, {}, "model"),
         ({"auto_offset_reset": "sometimes"}, {}, "auto_offset_reset"),
     ],
 )
-def test_invalid_settings_name_the_setting(args: dict[str, str], env: dict[str, str], setting: str) -> None:
+def test_invalid_settings_name_the_setting(
+    args: dict[str, str], env: dict[str, str], setting: str
+) -> None:
     with pytest.raises(ConfigError) as info:
         load_config(args, env=env)
     assert info.value.setting == setting
@@ -75,12 +81,18 @@ def test_secrets_come_from_env_or_file_and_never_show(tmp_path: Path) -> None:
 
 def test_sasl_without_password_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="password"):
-        SecuritySettings(security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_plain_username="a")
+        SecuritySettings(
+            security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_plain_username="a"
+        )
 
 
 def test_consumer_settings_never_auto_commit_and_static_split() -> None:
     cs = ConsumerSettings(
-        bootstrap_servers="127.0.0.1:9092", topic="t", mode="static", partitions=(0, 1, 2, 3, 4), num_shards=2
+        bootstrap_servers="127.0.0.1:9092",
+        topic="t",
+        mode="static",
+        partitions=(0, 1, 2, 3, 4),
+        num_shards=2,
     )
     assert cs.kafka_config(0)["enable_auto_commit"] is False
     assert cs.static_partitions(0, 2) == [0, 2, 4]
@@ -100,7 +112,9 @@ def test_help_documents_every_option_with_default() -> None:
         assert opt.flag in out, opt.flag
         assert opt.env in flat, opt.env
     assert flat.count("default:") >= len(OPTIONS)
-    assert "PASSWORD" not in out.replace("STREAMER_SASL_PASSWORD", "").replace("STREAMER_SSL_PASSWORD", "")
+    assert "PASSWORD" not in out.replace("STREAMER_SASL_PASSWORD", "").replace(
+        "STREAMER_SSL_PASSWORD", ""
+    )
 
 
 def test_cli_reports_config_errors_with_exit_2() -> None:
