@@ -22,6 +22,7 @@ from streamer.health import Health, MetricsServer
 from streamer.metrics import Metrics
 from streamer.model import load_model
 from streamer.offsets import OffsetTracker
+from streamer.probe import BrokerProbe
 from streamer.schema import Schema
 from streamer.simulator import SimulatedShard, SimulatorTask
 from streamer.source import METADATA_COLUMNS, ShardLike, StreamSource
@@ -268,7 +269,38 @@ class Worker:
             )
         self.dataset = self.source.dataset()
         self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
-        self.health.set_ready(True, "model built, consuming")
+        self.probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
+        self._model_built = True
+        self._monitor = threading.Thread(target=self._watch, name="streamer-readiness", daemon=True)
+        self._monitor.start()
+
+    def _watch(self) -> None:
+        """Every second: readiness (model built, broker reachable, partitions assigned) and queues."""
+        cfg = self.config
+        shard_capacity = cfg.shards * cfg.queue_max_blocks * cfg.max_poll_records
+        while not self._stopping.wait(1.0):
+            self._update_ready()
+            assert self.metrics is not None
+            with self.source._lock:
+                shards = list(self.source._open)
+            queued = sum(int(getattr(s, "queued_records", 0)) for s in shards)
+            self.metrics.set_queue("shard", queued, shard_capacity)
+            # Emitted into tf.data and not yet trained: the decode/rebatch/prefetch stages
+            # (autotuned by tf.data, so no fixed capacity: reported as 0).
+            self.metrics.set_queue("prefetch", self.tracker.in_flight(), 0)
+
+    def _update_ready(self) -> None:
+        if self._stopping.is_set():
+            return
+        if self.probe is not None and not self.probe.up:
+            self.health.set_ready(False, f"no broker reachable at {self.config.bootstrap}")
+            return
+        with self.source._lock:
+            assigned = len(self.source._owner)
+        if assigned == 0:
+            self.health.set_ready(False, "no partitions assigned")
+            return
+        self.health.set_ready(True, f"model built, {assigned} partitions assigned")
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -442,6 +474,10 @@ class Worker:
 
     def _shutdown(self) -> None:
         self.health.set_ready(False, "shutting down")
+        self._stopping.set()
+        probe = getattr(self, "probe", None)
+        if probe is not None:
+            probe.close()
         source = getattr(self, "source", None)
         if source is not None:
             source.close()
