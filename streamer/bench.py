@@ -76,8 +76,11 @@ def _partitions(bootstrap: str, topic: str) -> list[int]:
         c.close()
 
 
-def _settings(bootstrap: str, topic: str, parts: list[int], shards: int) -> ConsumerSettings:
+def _settings(
+    bootstrap: str, topic: str, parts: list[int], shards: int, runtime: str = "thread"
+) -> ConsumerSettings:
     return ConsumerSettings(
+        shard_runtime=runtime,  # type: ignore[arg-type]
         bootstrap_servers=bootstrap,
         topic=topic,
         group_id=f"bench-{uuid.uuid4().hex[:8]}",

@@ -74,6 +74,14 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("topic", _S, "samples", "topic to consume", group="kafka"),
     Option(
+        "shard_runtime",
+        _S,
+        "thread",
+        "run each shard's consumer on a thread, or in a child process (past one core's parse rate)",
+        choices=("thread", "process"),
+        group="kafka",
+    ),
+    Option(
         "group", _S, "streamer", "consumer group id (offsets are committed here)", group="kafka"
     ),
     Option(
@@ -313,6 +321,7 @@ class WorkerConfig:
     worker_id: str
     partitions: tuple[int, ...] | None
     shards: int
+    shard_runtime: str
     auto_offset_reset: str
     max_poll_records: int
     queue_max_blocks: int
@@ -431,6 +440,7 @@ class WorkerConfig:
             mode="static" if self.partitions else "group",
             partitions=self.partitions,
             num_shards=self.shards,
+            shard_runtime=self.shard_runtime,  # type: ignore[arg-type]
             worker_id=self.worker_id,
             auto_offset_reset=self.auto_offset_reset,  # type: ignore[arg-type]
             max_poll_records=self.max_poll_records,

@@ -1,0 +1,56 @@
+"""`streamer bench --json` smoke run on a small topic: it completes and reports every figure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.kafka
+
+
+@pytest.mark.timeout(600)
+def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamer.cli",
+            "bench",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--records",
+            "3000",
+            "--record-bytes",
+            "256",
+            "--shards",
+            "2",
+            "--repeats",
+            "2",
+            "--naive-records",
+            "600",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert out["records"] == 3000 and out["shards"] == 2
+    assert set(out["modes"]) == {"raw", "naive", "pipeline", "worker"}
+    for mode, m in out["modes"].items():
+        assert m["repeats"] == 2, mode
+        assert (
+            0
+            < m["records_per_second_min"]
+            <= m["records_per_second_median"]
+            <= m["records_per_second_max"]
+        )
+    assert out["ratio_pipeline_raw"] > 0
+    assert out["ratio_pipeline_naive"] > 0
+    assert 0 <= out["worker_input_wait_fraction"] <= 1
