@@ -19,7 +19,7 @@ __all__ = ["BenchResult", "run_bench"]
 
 log = logging.getLogger(__name__)
 
-MODES = ("raw", "naive", "pipeline", "worker")
+MODES = ("raw", "naive", "pipeline", "pipeline-process", "worker")
 
 
 @dataclass
@@ -248,6 +248,9 @@ def run_bench(
         "raw": lambda cs: bench_raw(cs, records),
         "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
         "pipeline": lambda cs: bench_pipeline(cs, records),
+        "pipeline-process": lambda cs: bench_pipeline(
+            _settings(bootstrap, topic, parts, shards, runtime="process"), records
+        ),
         "worker": lambda cs: bench_worker(cs, records),
     }
     for r in range(repeats):

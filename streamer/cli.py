@@ -124,8 +124,9 @@ def _parser() -> argparse.ArgumentParser:
         description=(
             "Fill a fresh topic with simulator records (unless --topic is given), then measure, "
             "alternating and repeated so drift cancels: raw (a plain kafka-python poll loop), naive "
-            "(one record per generator call and per numpy_function), pipeline (ours, input only) "
-            "and worker (ours with the default model). Prints a table, or JSON with --json."
+            "(one record per generator call and per numpy_function), pipeline (ours, input only, "
+            "thread shards), pipeline-process (the same with process shards) and worker (ours "
+            "with the default model). Prints a table, or JSON with --json."
         ),
     )
     bench.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
@@ -144,8 +145,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--modes",
-        default="raw,naive,pipeline,worker",
-        help="comma-separated subset [default: all four]",
+        default="raw,naive,pipeline,pipeline-process,worker",
+        help="comma-separated subset [default: all five]",
     )
     bench.add_argument(
         "--naive-records",

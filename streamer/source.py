@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from streamer.deadletter import DeadLetterWriter
     from streamer.health import Health
     from streamer.metrics import Metrics
+
+_EMPTY = RecordBlock.from_columns("", [], [], [], [])
 
 __all__ = [
     "METADATA_COLUMNS",
@@ -184,6 +187,8 @@ class StreamSource:
         self._budget: int | None = None
         self._pass_started = 0.0
         self._opened_in_pass = self.settings.num_shards  # the first shard opened starts a pass
+        self._stash: dict[int, RecordBlock] = {}
+        self._handles = itertools.count()
         self._barrier = self._new_barrier()
         self._hooks = _Hooks(self)
         self._reject_log_tokens = self.settings.log_rejects_per_second
@@ -213,18 +218,14 @@ class StreamSource:
 
     # ---- tf.data ---------------------------------------------------------------------------
 
-    def _block_signature(self) -> tuple[tf.TensorSpec, ...]:
-        return (
-            tf.TensorSpec([None], tf.string),
-            tf.TensorSpec([None], tf.int32),
-            tf.TensorSpec([None], tf.int64),
-            tf.TensorSpec([None], tf.int64),
-        )
-
     def blocks(self) -> tf.data.Dataset:
-        """Undecoded blocks: ``(values, partition, offset, timestamp)`` from all shards, interleaved."""
+        """Block handles from all shards, interleaved: one int64 per RecordBlock.
+
+        The block itself stays in this process (the decode map takes it by handle): turning
+        a thousand values into a string tensor and back would cost more than decoding them.
+        """
         n = self.settings.num_shards
-        signature = self._block_signature()
+        signature = tf.TensorSpec([], tf.int64)
         generate = self._generate
 
         def shard_dataset(k: tf.Tensor) -> tf.data.Dataset:
@@ -244,12 +245,10 @@ class StreamSource:
         specs = self.schema.features
         tout = [tf.as_dtype(f.dtype) for f in specs] + [tf.int32, tf.int64, tf.int64]
 
-        def decode(
-            values: tf.Tensor, partition: tf.Tensor, offset: tf.Tensor, ts: tf.Tensor
-        ) -> dict[str, tf.Tensor]:
+        def decode(handle: tf.Tensor) -> dict[str, tf.Tensor]:
             out = tf.numpy_function(
                 self._decode_np,
-                [values, partition, offset, ts],
+                [handle],
                 tout,
                 stateful=True,
                 name="decode_block",
@@ -284,6 +283,7 @@ class StreamSource:
         self._pass_started = time.monotonic()
         self._opened_in_pass = 0
         self._barrier = self._new_barrier()
+        self._stash.clear()  # blocks a deleted iterator never decoded (their records stay pending)
 
     def _take_budget(self, n: int) -> bool:
         """Charge ``n`` records to the pass; False once the pass budget is spent."""
@@ -297,7 +297,7 @@ class StreamSource:
         with self._lock:
             return self._budget is None or self._budget > 0
 
-    def _generate(self, shard_index: Any, num_shards: Any) -> Iterator[tuple[Any, ...]]:
+    def _generate(self, shard_index: Any, num_shards: Any) -> Iterator[np.int64]:
         k, n = int(shard_index), int(num_shards)
         with self._lock:
             if self._opened_in_pass >= n:
@@ -306,12 +306,7 @@ class StreamSource:
         shard = self._factory(k, n, self._hooks)
         with self._lock:
             self._open.append(shard)
-        empty = (
-            np.array([], dtype=object),
-            np.array([], dtype=np.int32),
-            np.array([], dtype=np.int64),
-            np.array([], dtype=np.int64),
-        )
+        empty = np.int64(-1)
         try:
             shard.start()
             idle_since = time.monotonic()
@@ -339,12 +334,10 @@ class StreamSource:
                 with self._lock:
                     self.records_emitted += len(block)
                 more = self._take_budget(len(block))
-                yield (
-                    np.array(block.values, dtype=object),
-                    block.partition,
-                    block.offset,
-                    block.timestamp_ms,
-                )
+                with self._lock:
+                    handle = next(self._handles)
+                    self._stash[handle] = block
+                yield np.int64(handle)
                 if not more:
                     break
         except StreamerError as exc:
@@ -364,10 +357,18 @@ class StreamSource:
 
     # ---- decode (numpy_function, parallel map) ------------------------------------------------
 
-    def _decode_np(
-        self, values: np.ndarray, partition: np.ndarray, offset: np.ndarray, ts: np.ndarray
-    ) -> list[np.ndarray]:
-        decoded = decode_block(self.schema, list(values))
+    def _decode_np(self, handle: np.ndarray) -> list[np.ndarray]:
+        with self._lock:
+            block = self._stash.pop(int(handle), None)
+        if block is None:  # an idle tick
+            block = _EMPTY
+        values, partition, offset, ts = (
+            block.values,
+            block.partition,
+            block.offset,
+            block.timestamp_ms,
+        )
+        decoded = decode_block(self.schema, values)
         kept = decoded.kept
         if decoded.rejected:
             self._rejected(values, partition, offset, decoded.rejected)
@@ -380,7 +381,7 @@ class StreamSource:
 
     def _rejected(
         self,
-        values: np.ndarray,
+        values: list[bytes],
         partition: np.ndarray,
         offset: np.ndarray,
         rejected: list[tuple[int, str]],

@@ -42,7 +42,7 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["records"] == 3000 and out["shards"] == 2
-    assert set(out["modes"]) == {"raw", "naive", "pipeline", "worker"}
+    assert set(out["modes"]) == {"raw", "naive", "pipeline", "pipeline-process", "worker"}
     for mode, m in out["modes"].items():
         assert m["repeats"] == 2, mode
         assert (
