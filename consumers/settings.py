@@ -253,7 +253,9 @@ class ConsumerSettings:
             "bootstrap_servers": [s.strip() for s in self.bootstrap_servers.split(",")],
             "client_id": f"{self.client_id}-{self.worker_id}-{shard_index}",
             "enable_auto_commit": False,
-            "auto_offset_reset": self.auto_offset_reset,
+            # The shard applies auto_offset_reset itself, so that an out-of-range offset (data
+            # deleted by retention: upstream loss) is counted and logged loudly, never silent.
+            "auto_offset_reset": "none",
             "max_poll_records": self.max_poll_records,
             "fetch_max_bytes": self.fetch_max_bytes,
             "max_partition_fetch_bytes": self.max_partition_fetch_bytes,

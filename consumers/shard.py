@@ -326,6 +326,13 @@ class Shard:
                 self._flush_commits(sync=False)
                 try:
                     polled = consumer.poll(timeout_ms=timeout_ms)
+                except kerrors.NoOffsetForPartitionError as exc:
+                    self._reset_positions(set(exc.args[0]) if exc.args else set(), {})
+                    continue
+                except kerrors.OffsetOutOfRangeError as exc:
+                    lost = dict(exc.args[0]) if exc.args and isinstance(exc.args[0], dict) else {}
+                    self._reset_positions(set(lost), lost)
+                    continue
                 except _FENCED_ERRORS as exc:
                     self.hooks.on_error("fenced", exc)
                     raise FencedError(self.settings.group_instance_id(self.shard_index)) from exc
@@ -358,6 +365,34 @@ class Shard:
         finally:
             with self._cond:
                 self._cond.notify_all()
+
+    def _reset_positions(self, tps: set[Any], out_of_range: dict[Any, int]) -> None:
+        """Apply auto_offset_reset: quietly without a committed offset, loudly when out of range."""
+        policy = self.settings.auto_offset_reset
+        for tp, offset in out_of_range.items():
+            log.error(
+                "shard %d: offset %d of %s partition %d is out of range (deleted by retention "
+                "before it was trained?): records were lost upstream; applying "
+                "auto_offset_reset=%s",
+                self.shard_index,
+                offset,
+                tp.topic,
+                tp.partition,
+                policy,
+            )
+            self.hooks.on_error("offset_out_of_range", kerrors.OffsetOutOfRangeError())
+        if not tps:
+            return
+        if policy == "none":
+            what = "are out of range" if out_of_range else "have no committed offset"
+            raise StreamerError(
+                f"partitions {sorted(tp.partition for tp in tps)} of {self._topic} {what} and "
+                "auto_offset_reset=none; set --auto-offset-reset earliest or latest"
+            )
+        if policy == "earliest":
+            self._consumer.seek_to_beginning(*tps)
+        else:
+            self._consumer.seek_to_end(*tps)
 
     def _emit(self, polled: dict[Any, list[Any]]) -> None:
         values: list[bytes] = []
