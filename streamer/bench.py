@@ -53,6 +53,10 @@ class BenchResult:
             out["ratio_pipeline_raw"] = med["pipeline"] / med["raw"]
         if "pipeline" in med and "naive" in med:
             out["ratio_pipeline_naive"] = med["pipeline"] / med["naive"]
+        if "pipeline-process" in med and "raw" in med:
+            out["ratio_pipeline_process_raw"] = med["pipeline-process"] / med["raw"]
+        if "pipeline-process" in med and "naive" in med:
+            out["ratio_pipeline_process_naive"] = med["pipeline-process"] / med["naive"]
         if self.input_wait_fraction:
             out["worker_input_wait_fraction"] = statistics.median(self.input_wait_fraction)
         return out
@@ -274,14 +278,20 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"topic {summary['topic']}: {summary['records']:,} records of ~{summary['record_bytes']} B, "
         f"{summary['shards']} shards",
-        f"{'mode':<10} {'median rec/s':>14} {'min':>12} {'max':>12}",
+        f"{'mode':<17} {'median rec/s':>14} {'min':>12} {'max':>12}",
     ]
     for mode, m in summary["modes"].items():
         lines.append(
-            f"{mode:<10} {m['records_per_second_median']:>14,.0f} {m['records_per_second_min']:>12,.0f} "
+            f"{mode:<17} {m['records_per_second_median']:>14,.0f} {m['records_per_second_min']:>12,.0f} "
             f"{m['records_per_second_max']:>12,.0f}"
         )
-    for key in ("ratio_pipeline_raw", "ratio_pipeline_naive", "worker_input_wait_fraction"):
+    for key in (
+        "ratio_pipeline_raw",
+        "ratio_pipeline_naive",
+        "ratio_pipeline_process_raw",
+        "ratio_pipeline_process_naive",
+        "worker_input_wait_fraction",
+    ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")
     return "\n".join(lines)
