@@ -8,6 +8,7 @@ import socket
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,55 @@ OPTIONS: tuple[Option, ...] = (
         group="training",
     ),
     Option("seed", _I, None, "random seed for TensorFlow", group="training"),
+    # online learning
+    Option(
+        "shuffle_buffer",
+        _I,
+        0,
+        "mix records across partitions and blocks in a window of this many records before batching (0: off)",
+        group="online",
+    ),
+    Option(
+        "start_from",
+        _S,
+        "committed",
+        "where a run starts: committed, earliest, latest, an ISO 8601 time or unix milliseconds",
+        group="online",
+    ),
+    Option(
+        "eval_topic",
+        _S,
+        None,
+        "held-out topic read by its own shards, never committed",
+        group="online",
+    ),
+    Option("eval_every_steps", _I, 500, "evaluate every N steps", group="online"),
+    Option("eval_records", _I, 2048, "records per evaluation", group="online"),
+    Option(
+        "logdir",
+        _S,
+        None,
+        "TensorBoard log directory (scalars; profiler traces go here too)",
+        group="online",
+    ),
+    Option(
+        "export_dir",
+        _S,
+        None,
+        "export SavedModel versions here in TF Serving's layout (<dir>/<version>/)",
+        group="online",
+    ),
+    Option(
+        "export_every_steps", _I, 1000, "export every N steps (and at a clean stop)", group="online"
+    ),
+    Option("export_keep", _I, 3, "exported versions to keep", group="online"),
+    Option(
+        "profile_steps",
+        _S,
+        None,
+        "capture a TensorFlow Profiler trace for steps A:B into --logdir",
+        group="online",
+    ),
     # simulator
     Option("sim_partitions", _I, 4, "embedded simulator: virtual partitions", group="simulator"),
     Option(
@@ -354,6 +404,16 @@ class WorkerConfig:
     audit_log: str | None
     shutdown_timeout: float
     seed: int | None
+    shuffle_buffer: int
+    start_from: str
+    eval_topic: str | None
+    eval_every_steps: int
+    eval_records: int
+    logdir: str | None
+    export_dir: str | None
+    export_every_steps: int
+    export_keep: int
+    profile_steps: str | None
     sim_partitions: int
     sim_rate: float | None
     sim_record_bytes: int
@@ -402,6 +462,19 @@ class WorkerConfig:
                         getattr(self, name),
                         "needs --bootstrap (Kafka); the embedded simulator has no such thing",
                     )
+        for name in ("eval_every_steps", "eval_records", "export_every_steps", "export_keep"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, getattr(self, name), "a positive integer")
+        if self.shuffle_buffer < 0:
+            raise ConfigError(
+                "shuffle_buffer", self.shuffle_buffer, "0 (off) or a number of records"
+            )
+        self.start_position()
+        self.profile_range()
+        if self.profile_steps is not None and self.logdir is None:
+            raise ConfigError(
+                "profile_steps", self.profile_steps, "needs --logdir (the trace goes there)"
+            )
         if self.sim_partitions < 1:
             raise ConfigError("sim_partitions", self.sim_partitions, "a positive integer")
         if self.schema is not None and not Path(self.schema).is_file():
@@ -418,6 +491,35 @@ class WorkerConfig:
         if self.bootstrap is not None:
             self.consumer_settings()
         self.pipeline_settings()
+
+    def start_position(self) -> str | int:
+        """``committed``/``earliest``/``latest``, or a time as unix milliseconds."""
+        value = self.start_from.strip()
+        if value in ("committed", "earliest", "latest"):
+            return value
+        if value.isdigit():
+            return int(value)
+        try:
+            when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise ConfigError(
+                "start_from",
+                value,
+                "committed, earliest, latest, an ISO 8601 time or unix milliseconds",
+            ) from exc
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=UTC)
+        return int(when.timestamp() * 1000)
+
+    def profile_range(self) -> tuple[int, int] | None:
+        if self.profile_steps is None:
+            return None
+        a, sep, b = self.profile_steps.partition(":")
+        if not sep or not a.strip().isdigit() or not b.strip().isdigit() or int(a) >= int(b):
+            raise ConfigError(
+                "profile_steps", self.profile_steps, "A:B with step numbers A < B, e.g. 100:110"
+            )
+        return int(a), int(b)
 
     def security_settings(self) -> SecuritySettings:
         return SecuritySettings(
