@@ -564,6 +564,7 @@ class WorkerConfig:
             pass_seconds=self.pass_seconds,
             idle_timeout_seconds=idle,
             linger=True,
+            shuffle_buffer=self.shuffle_buffer,
         )
 
     def describe(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ class PipelineSettings:
     prefetch_batches: int = -1  # tf.data.AUTOTUNE
     drop_remainder: bool = False
     linger: bool = False
+    shuffle_buffer: int = 0
     log_rejects_per_second: float = 20.0
 
     def __post_init__(self) -> None:
@@ -37,6 +38,10 @@ class PipelineSettings:
             raise ConfigError("pass_records", self.pass_records, "a positive integer or unset")
         if self.pass_seconds is not None and self.pass_seconds <= 0:
             raise ConfigError("pass_seconds", self.pass_seconds, "a positive number or unset")
+        if self.shuffle_buffer < 0:
+            raise ConfigError(
+                "shuffle_buffer", self.shuffle_buffer, "0 (off) or a number of records"
+            )
         if self.idle_timeout_seconds <= 0:
             raise ConfigError(
                 "idle_timeout_seconds", self.idle_timeout_seconds, "a positive number"

@@ -20,6 +20,7 @@ from streamer.decode import decode_block
 from streamer.offsets import OffsetTracker
 from streamer.schema import Schema
 from streamer.settings import PipelineSettings
+from streamer.shuffle import ShuffleWindow
 
 if TYPE_CHECKING:
     from streamer.deadletter import DeadLetterWriter
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from streamer.metrics import Metrics
 
 _EMPTY = RecordBlock.from_columns("", [], [], [], [])
+_IDLE = -1  # handle of an idle tick: no block, the shard is waiting
+_FLUSH = -2  # handle of a shard's last word in a pass: drain the shuffle window
 
 __all__ = [
     "METADATA_COLUMNS",
@@ -189,6 +192,11 @@ class StreamSource:
         self._opened_in_pass = self.settings.num_shards  # the first shard opened starts a pass
         self._stash: dict[int, RecordBlock] = {}
         self._handles = itertools.count()
+        self._window = (
+            ShuffleWindow(self.settings.shuffle_buffer) if self.settings.shuffle_buffer else None
+        )
+        self._undecoded = 0  # blocks handed to tf.data and not decoded yet
+        self._flush_wanted = False
         self._barrier = self._new_barrier()
         self._hooks = _Hooks(self)
         self._reject_log_tokens = self.settings.log_rejects_per_second
@@ -284,6 +292,9 @@ class StreamSource:
         self._opened_in_pass = 0
         self._barrier = self._new_barrier()
         self._stash.clear()  # blocks a deleted iterator never decoded (their records stay pending)
+        self._undecoded = 0
+        if self._window is not None:
+            self._window.flush(like=[np.empty(0)])  # rows of an abandoned pass stay pending too
 
     def _take_budget(self, n: int) -> bool:
         """Charge ``n`` records to the pass; False once the pass budget is spent."""
@@ -306,7 +317,8 @@ class StreamSource:
         shard = self._factory(k, n, self._hooks)
         with self._lock:
             self._open.append(shard)
-        empty = np.int64(-1)
+        empty = np.int64(_IDLE)
+        ended = False
         try:
             shard.start()
             idle_since = time.monotonic()
@@ -337,9 +349,11 @@ class StreamSource:
                 with self._lock:
                     handle = next(self._handles)
                     self._stash[handle] = block
+                    self._undecoded += 1
                 yield np.int64(handle)
                 if not more:
                     break
+            ended = True
         except StreamerError as exc:
             self.failure = exc
             raise
@@ -348,6 +362,8 @@ class StreamSource:
             # here, unless the owner lingers it to commit the last trained offsets first.
             if not self.settings.linger:
                 self._close_shard(shard)
+        if ended and self._window is not None:
+            yield np.int64(_FLUSH)  # this shard is done: let the shuffle window drain
 
     def _close_shard(self, shard: ShardLike) -> None:
         with self._lock:
@@ -358,10 +374,29 @@ class StreamSource:
     # ---- decode (numpy_function, parallel map) ------------------------------------------------
 
     def _decode_np(self, handle: np.ndarray) -> list[np.ndarray]:
+        h = int(handle)
         with self._lock:
-            block = self._stash.pop(int(handle), None)
-        if block is None:  # an idle tick
+            block = self._stash.pop(h, None)
+        if block is None:  # an idle tick or a shard's last word
             block = _EMPTY
+        out = self._decode_block(block)
+        if self._window is None:
+            return out
+        with self._lock:
+            if block is not _EMPTY:
+                self._undecoded -= 1
+            if h == _FLUSH or (h == _IDLE and len(self._window)):
+                self._flush_wanted = True
+            drain = self._flush_wanted and self._undecoded == 0
+            if drain:
+                self._flush_wanted = False
+        mixed = self._window.push(out) if len(out[0]) else [c[:0] for c in out]
+        if not drain:
+            return mixed
+        rest = self._window.flush(like=out)
+        return [np.concatenate((a, b)) for a, b in zip(mixed, rest, strict=True)]
+
+    def _decode_block(self, block: RecordBlock) -> list[np.ndarray]:
         values, partition, offset, ts = (
             block.values,
             block.partition,
