@@ -455,15 +455,24 @@ class Shard:
                 if TopicPartition(self._topic, p) not in paused
             ]
             if todo:
-                self._consumer.pause(*todo)
+                self._pause_or_resume(self._consumer.pause, todo)
             count = len(self._consumer.paused())
         else:
             if paused:
-                self._consumer.resume(*paused)
+                self._pause_or_resume(self._consumer.resume, list(paused))
             count = 0
         if count != self._paused_count:
             self._paused_count = count
             self.hooks.on_paused(self.shard_index, count)
+
+    def _pause_or_resume(self, action: Callable[..., None], tps: list[Any]) -> None:
+        # A rebalance on the IO thread can take a partition away between our snapshot of the
+        # assignment and this call; the client then has no state for it: skip it, never die.
+        for tp in tps:
+            try:
+                action(tp)
+            except (KeyError, kerrors.IllegalStateError):
+                log.debug("shard %d: %s no longer assigned", self.shard_index, tp)
 
     def _check_joined(self) -> None:
         assert self._barrier is not None

@@ -565,6 +565,7 @@ class WorkerConfig:
             idle_timeout_seconds=idle,
             linger=True,
             shuffle_buffer=self.shuffle_buffer,
+            start_from=self.start_position(),
         )
 
     def describe(self) -> dict[str, Any]:

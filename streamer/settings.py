@@ -27,6 +27,8 @@ class PipelineSettings:
     drop_remainder: bool = False
     linger: bool = False
     shuffle_buffer: int = 0
+    start_from: str | int = "committed"
+    stop_at: str | int | None = None  # replay: stop before the first record at/after this time
     log_rejects_per_second: float = 20.0
 
     def __post_init__(self) -> None:

@@ -186,6 +186,25 @@ class StreamSource:
         self._owner: dict[int, int] = {}
         self._paused: dict[int, int] = {}
         self._restore: dict[int, int] = dict(restore_offsets or {})
+        if self.settings.start_from != "committed":
+            if consumer is None:
+                log.warning(
+                    "--start-from %s ignored: the simulator has no stored stream",
+                    self.settings.start_from,
+                )
+            else:
+                from consumers.positions import start_offsets
+
+                # An explicit start position for this run wins over the checkpoint's offsets.
+                self._restore = start_offsets(consumer, self.settings.start_from)
+        self._stop_offsets: dict[int, int] | None = None
+        self._reached: set[int] = set()
+        if self.settings.stop_at is not None and consumer is not None:
+            from consumers.positions import start_offsets
+
+            self._stop_offsets = start_offsets(consumer, self.settings.stop_at)
+            start = self._restore
+            self._reached = {p for p, end in self._stop_offsets.items() if start.get(p, 0) >= end}
         self._stop = threading.Event()
         self._budget: int | None = None
         self._pass_started = 0.0
@@ -331,6 +350,13 @@ class StreamSource:
                 ):
                     break
                 block = shard.get(timeout)
+                if (
+                    block is None
+                    and self._stop_offsets is not None
+                    and not getattr(shard, "joining", False)
+                    and shard.assigned <= self._reached_set()
+                ):
+                    break  # replay: this shard's partitions are all at their stop offsets
                 if block is None:
                     # Joining the group takes seconds: idle time counts from the last assignment.
                     since = max(idle_since, getattr(shard, "last_rebalance_monotonic", 0.0))
@@ -342,6 +368,12 @@ class StreamSource:
                     yield empty
                     continue
                 idle_since = time.monotonic()
+                if self._stop_offsets is not None:
+                    block = self._clip(block)
+                    if block is None:
+                        if self.finished or shard.assigned <= self._reached_set():
+                            break
+                        continue
                 self.tracker.register(block.partition, block.offset)
                 with self._lock:
                     self.records_emitted += len(block)
@@ -364,6 +396,43 @@ class StreamSource:
                 self._close_shard(shard)
         if ended and self._window is not None:
             yield np.int64(_FLUSH)  # this shard is done: let the shuffle window drain
+
+    def _reached_set(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._reached)
+
+    @property
+    def finished(self) -> bool:
+        """A bounded run (replay) has emitted every record of its range."""
+        if self._stop_offsets is None:
+            return False
+        with self._lock:
+            return self._reached >= set(self._stop_offsets)
+
+    def _clip(self, block: RecordBlock) -> RecordBlock | None:
+        """Drop the records at or past the stop offsets; note partitions that got there."""
+        assert self._stop_offsets is not None
+        stops = self._stop_offsets
+        limit = np.zeros(len(block), dtype=np.int64)
+        for p in np.unique(block.partition):
+            limit[block.partition == p] = stops.get(int(p), 0)
+        keep = block.offset < limit
+        with self._lock:
+            for p, nxt in block.next_offsets().items():
+                if nxt >= stops.get(p, 0):
+                    self._reached.add(p)
+        if keep.all():
+            return block
+        if not keep.any():
+            return None
+        idx = np.flatnonzero(keep)
+        return RecordBlock.from_columns(
+            block.topic,
+            [block.values[i] for i in idx],
+            block.partition[idx],
+            block.offset[idx],
+            block.timestamp_ms[idx],
+        )
 
     def _close_shard(self, shard: ShardLike) -> None:
         with self._lock:

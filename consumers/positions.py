@@ -1,0 +1,53 @@
+"""Start positions: earliest, latest or a point in time, as offsets per partition."""
+
+from __future__ import annotations
+
+import logging
+
+from kafka import KafkaConsumer, TopicPartition
+
+from consumers.errors import TopicNotFoundError
+from consumers.settings import ConsumerSettings
+
+__all__ = ["start_offsets"]
+
+log = logging.getLogger(__name__)
+
+
+def start_offsets(settings: ConsumerSettings, position: str | int) -> dict[int, int]:
+    """Offsets to seek to per partition for ``position`` (``earliest``, ``latest``, unix ms).
+
+    A time uses Kafka's offsets-for-times: the first record at or after it; partitions with
+    none start at their end. Only the partitions this run consumes (static) or all (group).
+
+    >>> start_offsets(settings, 1767225600000)   # doctest: +SKIP
+    {0: 1200, 1: 1187}
+    """
+    cfg = settings.kafka_config(0)
+    for key in ("group_id", "group_instance_id"):
+        cfg.pop(key, None)
+    consumer = KafkaConsumer(**cfg)
+    try:
+        parts = consumer.partitions_for_topic(settings.topic)
+        if not parts:
+            raise TopicNotFoundError(settings.topic)
+        wanted = sorted(settings.partitions) if settings.partitions else sorted(parts)
+        tps = [TopicPartition(settings.topic, p) for p in wanted]
+        ends = consumer.end_offsets(tps)
+        if position == "earliest":
+            found = consumer.beginning_offsets(tps)
+            out = {tp.partition: int(found[tp]) for tp in tps}
+        elif position == "latest":
+            out = {tp.partition: int(ends[tp]) for tp in tps}
+        elif isinstance(position, int):
+            times = consumer.offsets_for_times({tp: position for tp in tps})
+            out = {
+                tp.partition: int(times[tp].offset) if times.get(tp) is not None else int(ends[tp])
+                for tp in tps
+            }
+        else:
+            raise ValueError(f"unknown start position {position!r}")
+    finally:
+        consumer.close(autocommit=False)
+    log.info("start position %s of %s: %s", position, settings.topic, out)
+    return out
