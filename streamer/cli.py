@@ -74,6 +74,22 @@ def _parser() -> argparse.ArgumentParser:
     )
     add_run_arguments(run)
 
+    replay = sub.add_parser(
+        "replay",
+        help="train on a bounded range of the topic (static mode) and stop",
+        description=(
+            "Train on the records from --from up to (not including) --to, reading every partition "
+            "of the topic in static mode, then stop. Takes every option of `streamer run`."
+        ),
+    )
+    replay.add_argument(
+        "--from", dest="replay_from", required=True, help="earliest, or an ISO 8601 time or unix ms"
+    )
+    replay.add_argument(
+        "--to", dest="replay_to", required=True, help="latest, or an ISO 8601 time or unix ms"
+    )
+    add_run_arguments(replay)
+
     sim = sub.add_parser(
         "simulate",
         help="produce simulator samples into a topic (creates it if missing)",
@@ -213,6 +229,30 @@ def _exit_guard(code: int, seconds: float) -> None:
     threading.Thread(target=guard, name="streamer-exit-guard", daemon=True).start()
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from streamer.config import load_config
+
+    params = {
+        k: v for k, v in vars(args).items() if k not in ("command", "replay_from", "replay_to")
+    }
+    params["start_from"] = args.replay_from
+    if not params.get("bootstrap"):
+        raise ConfigError("bootstrap", None, "replay reads a Kafka topic: give --bootstrap")
+    if not params.get("partitions"):
+        probe = load_config(params)
+        from consumers.admin import wait_for_topic
+
+        parts = wait_for_topic(probe.consumer_settings(), attempts=3, topic_wait_s=0)
+        params["partitions"] = ",".join(str(p) for p in parts)
+    config = load_config(params, stop_at=args.replay_to)
+    configure_logging(config.log_level, config.log_format)
+    from streamer.worker import Worker
+
+    code = Worker(config).run()
+    _exit_guard(code, config.shutdown_timeout)
+    return code
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     from streamer.simulator import produce
@@ -255,7 +295,13 @@ def _cmd_lag(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     _quiet_tensorflow()
     args = _parser().parse_args(argv)
-    handlers = {"run": _cmd_run, "simulate": _cmd_simulate, "lag": _cmd_lag, "bench": _cmd_bench}
+    handlers = {
+        "run": _cmd_run,
+        "replay": _cmd_replay,
+        "simulate": _cmd_simulate,
+        "lag": _cmd_lag,
+        "bench": _cmd_bench,
+    }
     try:
         return handlers[args.command](args)
     except ConfigError as exc:

@@ -424,6 +424,7 @@ class WorkerConfig:
     status_interval: float
     sasl_password: Secret | None = None
     ssl_password: Secret | None = None
+    stop_at: str | None = None  # replay: end of the range (same forms as start_from)
 
     def __post_init__(self) -> None:
         for name in (
@@ -566,6 +567,7 @@ class WorkerConfig:
             linger=True,
             shuffle_buffer=self.shuffle_buffer,
             start_from=self.start_position(),
+            stop_at=None if self.stop_at is None else _position(self.stop_at, "to"),
         )
 
     def describe(self) -> dict[str, Any]:
@@ -575,6 +577,23 @@ class WorkerConfig:
             for f in fields(self)
             if f.name not in ("sasl_password", "ssl_password")
         }
+
+
+def _position(text: str, setting: str) -> str | int:
+    value = text.strip()
+    if value in ("committed", "earliest", "latest"):
+        return value
+    if value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ConfigError(
+            setting, value, "committed, earliest, latest, an ISO 8601 time or unix milliseconds"
+        ) from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -630,6 +649,8 @@ def _convert(opt: Option, value: Any, source: str) -> Any:
 def load_config(
     args: argparse.Namespace | Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
+    *,
+    stop_at: str | None = None,
 ) -> WorkerConfig:
     """Merge defaults < TOML file < STREAMER_* environment < flags into a WorkerConfig."""
     env = os.environ if env is None else env
@@ -668,7 +689,7 @@ def load_config(
         values["worker_id"] = _default_worker_id()
     sasl = Secret.from_env_or_file("STREAMER_SASL_PASSWORD", "STREAMER_SASL_PASSWORD_FILE", env)
     ssl = Secret.from_env_or_file("STREAMER_SSL_PASSWORD", "STREAMER_SSL_PASSWORD_FILE", env)
-    return WorkerConfig(**values, sasl_password=sasl, ssl_password=ssl)
+    return WorkerConfig(**values, sasl_password=sasl, ssl_password=ssl, stop_at=stop_at)
 
 
 def option_names() -> Sequence[str]:

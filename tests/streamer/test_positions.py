@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,3 +89,29 @@ def test_replay_range_trains_exactly_that_range(
     lo, hi = base + 1000 * 50, base + 1000 * 170
     got = _run(kafka_bootstrap, topic, "static", start_from=lo, stop_at=hi)
     assert got == {k for k, ts in stamps.items() if lo <= ts < hi}
+
+
+@pytest.mark.timeout(300)
+def test_streamer_replay_trains_the_range_and_stops(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = make_topic(2)
+    base = int(time.time() * 1000) - 3_600_000
+    stamps = _produce_timed(kafka_bootstrap, topic, 2, 400, base)
+    lo, hi = base + 1000 * 100, base + 1000 * 250
+    audit = tmp_path / "audit.csv"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "streamer.cli", "replay",
+            "--bootstrap", kafka_bootstrap, "--topic", topic, "--group", f"g-{uuid.uuid4().hex[:8]}",
+            "--from", str(lo), "--to", str(hi), "--shards", "2", "--batch-size", "64",
+            "--metrics-port", "0", "--audit-log", str(audit), "--idle-timeout", "30",
+        ],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "replay range is trained" in proc.stderr
+    rows = [line.split(",") for line in audit.read_text().splitlines()]
+    got = [(int(p), int(o)) for _t, p, o in rows]
+    assert len(got) == len(set(got))
+    assert set(got) == {k for k, ts in stamps.items() if lo <= ts < hi}
