@@ -33,6 +33,13 @@ class _Readiness(Protocol):
     def waiting(self, component: str, reason: str) -> None: ...
 
 
+# kafka-python 3.x has no NoBrokersAvailable (2.x raised it); naming a missing attribute in an
+# ``except`` clause raises AttributeError the moment any exception reaches that clause.
+_UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = tuple(
+    getattr(kerrors, name)
+    for name in ("NoBrokersAvailable", "KafkaTimeoutError")
+    if hasattr(kerrors, name)
+)
 _TLS_FAILURE = re.compile(
     r"CERTIFICATE_VERIFY_FAILED|ALERT_BAD_CERTIFICATE|ALERT_CERTIFICATE_[A-Z_]+|ALERT_UNKNOWN_CA"
     r"|ALERT_HANDSHAKE_FAILURE|ALERT_ACCESS_DENIED|ALERT_DECRYPT_ERROR"
@@ -43,9 +50,10 @@ def _classify(value: object) -> str | None:
     """'auth' or 'tls' when ``value`` is an exception that retrying cannot fix, else None."""
     if isinstance(value, _AUTH_ERRORS):
         return "auth"
-    if isinstance(value, BaseException):
-        if isinstance(value, ssl.SSLCertVerificationError) or _TLS_FAILURE.search(str(value)):
-            return "tls"
+    if isinstance(value, ssl.SSLCertVerificationError) or (
+        isinstance(value, BaseException) and _TLS_FAILURE.search(str(value))
+    ):
+        return "tls"
     return None
 
 
@@ -61,14 +69,29 @@ class _FailureWatch(logging.Handler):
     a retry storm until the timeout. Needs kafka-python's WARNING records enabled (the CLI
     does); without them the failure surfaces after ``bootstrap_timeout_ms`` as
     ``BrokerUnavailableError``.
+
+    kafka-python 3.0.12 also drops bytes that arrive together with the connection's end (its
+    transport's ``_sock_recv`` returns the error and the loop discards the data), and a broker
+    sends its SASL error response right before it closes: most refused logins therefore show
+    up only as "socket disconnected". So with SASL the handler also counts connections that
+    the broker closed after answering ApiVersions but before the connection's set-up (the SASL
+    exchange) finished: a live broker hanging up in the middle of a login. Two of those in a
+    row end the probe as a refused login (``sasl_hangups``). It also counts the bootstrap
+    attempts that ended in "socket disconnected" (``disconnects``) and those that failed any
+    other way (``others``, e.g. connection refused), for the caller's last word after the
+    timeout.
     """
 
-    def __init__(self, client_id: str) -> None:
+    def __init__(self, client_id: str, sasl: bool = False) -> None:
         super().__init__(logging.DEBUG)
         self.thread_name = f"kafka-io-{client_id}"
+        self.sasl = sasl
+        self.sasl_hangups = 0
         self.kind: str | None = None
         self.error: BaseException | None = None
         self.client: Any = None
+        self.disconnects = 0
+        self.others = 0
 
     def make_client(self, **configs: Any) -> Any:
         """``kafka_client`` factory: the default client, kept so it can be stopped."""
@@ -81,19 +104,44 @@ class _FailureWatch(logging.Handler):
         if self.kind is not None or record.threadName != self.thread_name:
             return
         args = record.args if isinstance(record.args, tuple) else ()
+        if self.sasl and "Connection lost" in str(record.msg) and args:
+            if _lost_during_login(args[0]):
+                self.sasl_hangups += 1
+                if self.sasl_hangups >= 2:
+                    self._fail(
+                        "auth",
+                        kerrors.KafkaConnectionError(
+                            f"the broker closed {self.sasl_hangups} connections in a row "
+                            "during the SASL login (refused credentials, or a mechanism "
+                            "this listener does not enable)"
+                        ),
+                    )
+                    return
+            else:
+                self.sasl_hangups = 0
         for arg in args:
             kind = _classify(arg)
             if kind is None:
+                if isinstance(arg, BaseException) and str(record.msg).startswith(
+                    "Bootstrap connection to"
+                ):
+                    if "socket disconnected" in str(arg):
+                        self.disconnects += 1
+                    else:
+                        self.others += 1
                 continue
             assert isinstance(arg, BaseException)
-            self.kind, self.error = kind, arg
-            manager = getattr(self.client, "_manager", None)
-            if manager is not None:
-                try:
-                    manager.close()  # ends the bootstrap loop: no more attempts
-                except Exception:  # pragma: no cover - then the bootstrap times out instead
-                    log.debug("could not end the bootstrap early", exc_info=True)
+            self._fail(kind, arg)
             return
+
+    def _fail(self, kind: str, error: BaseException) -> None:
+        self.kind, self.error = kind, error
+        manager = getattr(self.client, "_manager", None)
+        if manager is not None:
+            try:
+                manager.close()  # ends the bootstrap loop: no more attempts
+            except Exception:  # pragma: no cover - then the bootstrap times out instead
+                log.debug("could not end the bootstrap early", exc_info=True)
 
     def __enter__(self) -> _FailureWatch:
         logging.getLogger("kafka").addHandler(self)
@@ -111,9 +159,29 @@ class _FailureWatch(logging.Handler):
                 log.debug("closing a failed probe client", exc_info=True)
 
 
+def _lost_during_login(conn: object) -> bool:
+    """True for a kafka-python connection that the broker closed mid-set-up, after ApiVersions.
+
+    ``broker_version_data`` is set once ApiVersions answered on this connection (a bootstrap
+    connection starts without it); a failed ``init_future`` means the set-up that follows
+    (the SASL exchange) never finished.
+    """
+    try:
+        init = getattr(conn, "init_future", None)
+        return (
+            getattr(conn, "broker_version_data", None) is not None
+            and init is not None
+            and bool(init.failed())
+        )
+    except Exception:  # pragma: no cover - a kafka-python without these attributes
+        return False
+
+
 def _detail(exc: BaseException, security: SecuritySettings) -> str:
     """An error's text for our messages, with any secret of ``security`` masked."""
-    text = f"{type(exc).__name__}: {exc}"
+    text = str(exc)
+    if type(exc).__name__ not in text:
+        text = f"{type(exc).__name__}: {text}"
     for secret in (security.sasl_plain_password, security.ssl_password):
         if secret is not None and secret.get():
             text = text.replace(secret.get(), "***")
@@ -129,7 +197,7 @@ def _connect(
     ``BrokerUnavailableError`` (no broker answered within ``timeout_ms``).
     """
     client_id = f"streamer-probe-{uuid.uuid4().hex[:8]}"
-    watch = _FailureWatch(client_id)
+    watch = _FailureWatch(client_id, sasl=security.security_protocol.startswith("SASL_"))
     with watch:
         try:
             return factory(
@@ -142,7 +210,7 @@ def _connect(
         except _AUTH_ERRORS as exc:
             watch.stop_client()
             raise AuthenticationError(bootstrap, _detail(exc, security)) from exc
-        except (kerrors.NoBrokersAvailable, kerrors.KafkaTimeoutError) as exc:
+        except _UNAVAILABLE_ERRORS as exc:
             watch.stop_client()
             if watch.kind == "tls" and watch.error is not None:
                 raise TlsHandshakeError(bootstrap, _detail(watch.error, security)) from watch.error
@@ -150,6 +218,19 @@ def _connect(
                 raise AuthenticationError(
                     bootstrap, _detail(watch.error, security)
                 ) from watch.error
+            if (
+                security.security_protocol.startswith("SASL_")
+                and watch.disconnects >= 2
+                and watch.others == 0
+            ):
+                # Every attempt reached the broker, which hung up during the handshake: that
+                # is how a refused login looks when kafka-python loses the error response.
+                raise AuthenticationError(
+                    bootstrap,
+                    f"the broker closed all {watch.disconnects} connections during the SASL "
+                    f"handshake within {timeout_ms} ms (refused credentials, or a mechanism "
+                    "or security protocol this listener does not use)",
+                ) from exc
             raise BrokerUnavailableError(
                 bootstrap, f"no answer within {timeout_ms} ms ({type(exc).__name__})"
             ) from exc
@@ -268,18 +349,14 @@ def group_lag(
     """Committed offset, end offset and lag per partition of ``group`` (from outside the worker)."""
     from kafka.admin import KafkaAdminClient
 
-    sec = (security or SecuritySettings()).kafka_config()
-    try:
-        admin = KafkaAdminClient(
-            bootstrap_servers=bootstrap,
-            client_id="streamer-lag",
-            request_timeout_ms=timeout_ms,
-            **sec,
-        )
-    except (kerrors.NoBrokersAvailable, kerrors.KafkaTimeoutError) as exc:
-        raise BrokerUnavailableError(bootstrap, type(exc).__name__) from exc
-    except _AUTH_ERRORS as exc:
-        raise AuthenticationError(bootstrap, type(exc).__name__) from exc
+    admin = _connect(
+        KafkaAdminClient,
+        bootstrap,
+        security or SecuritySettings(),
+        timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
+    )
     try:
         committed_raw = admin.list_group_offsets(group).get(group, {})
     finally:

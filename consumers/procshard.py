@@ -95,6 +95,9 @@ class _ChildHooks(ShardHooks):
     def on_paused(self, shard_index: int, paused: int) -> None:
         self._send(("paused", paused))
 
+    def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
+        self._send(("group_committed", offsets))
+
 
 class _RemoteBarrier:
     """The child's view of the parent's JoinBarrier: reports go up, the release comes down."""
@@ -306,6 +309,8 @@ class ProcessShard:
                 self.hooks.on_error(msg[1], StreamerError(msg[2]))
             elif kind == "paused":
                 self.hooks.on_paused(self.shard_index, msg[1])
+            elif kind == "group_committed":
+                self.hooks.on_group_committed(self.shard_index, msg[1])
             elif kind == "barrier" and self._barrier is not None:
                 if self._barrier.report(self.shard_index, msg[1]):
                     self._release()

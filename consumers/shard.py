@@ -86,6 +86,9 @@ class ShardHooks:
     def on_paused(self, shard_index: int, paused: int) -> None:
         """The number of paused partitions of this shard changed."""
 
+    def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
+        """The group's committed offsets of newly assigned partitions (where this shard starts)."""
+
 
 def open_consumer(
     settings: ConsumerSettings, shard_index: int, factory: ConsumerFactory = KafkaConsumer
@@ -94,9 +97,7 @@ def open_consumer(
     cfg = settings.kafka_config(shard_index)
     try:
         return factory(**cfg)
-    except kerrors.NoBrokersAvailable as exc:
-        raise BrokerUnavailableError(settings.bootstrap_servers, "no brokers available") from exc
-    except kerrors.KafkaTimeoutError as exc:
+    except (kerrors.KafkaTimeoutError, kerrors.KafkaConnectionError) as exc:
         raise BrokerUnavailableError(
             settings.bootstrap_servers, f"timed out after {settings.bootstrap_timeout_ms} ms"
         ) from exc
@@ -208,6 +209,7 @@ class Shard:
         self._started = threading.Event()
         self._closed = False
         self._position: dict[int, int] = {}
+        self._unseeded: set[int] = set()  # assigned partitions whose group commit is not read yet
         self.last_record_monotonic = time.monotonic()
         self.last_rebalance_monotonic = time.monotonic()
         self.records_polled = 0
@@ -215,27 +217,53 @@ class Shard:
     # ---- owner side -------------------------------------------------------------------------
 
     def start(self) -> Shard:
-        """Create the consumer (raises BrokerUnavailableError/AuthenticationError) and start polling."""
-        self._consumer = open_consumer(self.settings, self.shard_index, self._factory)
-        try:
-            if self.settings.mode == "group":
-                # Fetch the topic's metadata first: a group leader without it assigns nothing
-                # and the group only rebalances again at the next metadata refresh (minutes).
-                self._consumer.partitions_for_topic(self._topic)
-                self._consumer.subscribe(topics=[self._topic], listener=_Listener(self))
-            else:
-                parts = self.settings.static_partitions(self.shard_index, self.num_shards)
-                tps = [TopicPartition(self._topic, p) for p in parts]
-                self._consumer.assign(tps)
-                self._assigned(parts)
-        except BaseException:
-            self._consumer.close(autocommit=False)
-            raise
+        """Start the poller thread; it creates the consumer and then polls.
+
+        A broker that cannot be reached is retried with backoff (1 s doubling to 30 s) for as
+        long as the shard is open: a pass that starts during an outage waits for the broker
+        instead of failing. Errors that retrying cannot fix (authentication, bad settings)
+        fail the shard: ``get()`` raises ShardFailedError with them as the cause.
+        """
         self._thread = threading.Thread(
             target=self._run, name=f"streamer-shard-{self.shard_index}", daemon=True
         )
         self._thread.start()
         return self
+
+    def _open(self) -> Any:
+        """Create, subscribe or assign the consumer, retrying while no broker answers; None if stopped."""
+        backoff = 1.0
+        while not self._stop.is_set():
+            try:
+                consumer = open_consumer(self.settings, self.shard_index, self._factory)
+            except BrokerUnavailableError as exc:
+                self.hooks.on_error("connection", exc)
+                log.warning("shard %d: %s; retrying in %.0fs", self.shard_index, exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+                continue
+            try:
+                if self.settings.mode == "group":
+                    # Fetch the topic's metadata first: a group leader without it assigns
+                    # nothing and the group only rebalances again at the next metadata
+                    # refresh (minutes).
+                    consumer.partitions_for_topic(self._topic)
+                    consumer.subscribe(topics=[self._topic], listener=_Listener(self))
+                else:
+                    parts = self.settings.static_partitions(self.shard_index, self.num_shards)
+                    consumer.assign([TopicPartition(self._topic, p) for p in parts])
+            except BaseException:
+                consumer.close(autocommit=False)
+                raise
+            with self._cond:
+                if self._closed:  # close() gave up waiting for us: do not leak the consumer
+                    consumer.close(autocommit=False)
+                    return None
+                self._consumer = consumer
+            if self.settings.mode != "group":
+                self._assigned(parts)
+            return consumer
+        return None
 
     def get(self, timeout: float) -> RecordBlock | None:
         """The next block, or None after ``timeout`` seconds. Raises ShardFailedError if the poller died."""
@@ -315,11 +343,11 @@ class Shard:
     # ---- poller thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        consumer = self._consumer
         timeout_ms = self.settings.poll_timeout_ms
         backoff = 0.1
         try:
-            while not self._stop.is_set():
+            consumer = self._open()
+            while consumer is not None and not self._stop.is_set():
                 if not self._joined:
                     self._check_joined()
                 self._apply_backpressure()
@@ -358,6 +386,8 @@ class Shard:
                     continue
                 backoff = 0.1
                 self._emit(polled)
+                if self._unseeded:
+                    self._read_group_commits()
         except BaseException as exc:
             if not isinstance(exc, StreamerError):
                 log.error("shard %d: poller failed: %r", self.shard_index, exc)
@@ -365,6 +395,29 @@ class Shard:
         finally:
             with self._cond:
                 self._cond.notify_all()
+
+    def _read_group_commits(self) -> None:
+        """Report the group's committed offsets of new partitions (outside the rebalance callback).
+
+        The owner's lag figures start from them: a partition that comes back to this worker
+        (every pass reassigns) is as far along as the group committed, not at offset 0.
+        """
+        with self._cond:
+            todo = sorted(self._unseeded & self._assigned_set)
+            self._unseeded.clear()
+        found: dict[int, int] = {}
+        for p in todo:
+            try:
+                off = self._consumer.committed(TopicPartition(self._topic, p), timeout_ms=2000)
+            except kerrors.KafkaError as exc:  # only a figure: the next assignment tries again
+                log.debug(
+                    "shard %d: reading the committed offset of %d: %s", self.shard_index, p, exc
+                )
+                continue
+            if off is not None:
+                found[p] = int(off)
+        if found:
+            self.hooks.on_group_committed(self.shard_index, found)
 
     def _reset_positions(self, tps: set[Any], out_of_range: dict[Any, int]) -> None:
         """Apply auto_offset_reset: quietly without a committed offset, loudly when out of range."""
@@ -536,6 +589,8 @@ class Shard:
         self.last_rebalance_monotonic = time.monotonic()
         with self._cond:
             self._assigned_set = set(partitions)
+            if self.settings.mode == "group":
+                self._unseeded = set(partitions)
             # kafka-python keeps the position of a partition that stays with this consumer
             # across a rebalance; records dropped at revoke must be fetched again.
             rewind = {p: o for p, o in self._rewind.items() if p in self._assigned_set}

@@ -32,6 +32,7 @@ class BenchResult:
     shards: int
     rates: dict[str, list[float]] = field(default_factory=dict)
     input_wait_fraction: list[float] = field(default_factory=list)
+    soak: dict[str, float] | None = None
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -59,6 +60,8 @@ class BenchResult:
             out["ratio_pipeline_process_naive"] = med["pipeline-process"] / med["naive"]
         if self.input_wait_fraction:
             out["worker_input_wait_fraction"] = statistics.median(self.input_wait_fraction)
+        if self.soak is not None:
+            out["soak"] = self.soak
         return out
 
 
@@ -228,6 +231,58 @@ def bench_worker(cs: ConsumerSettings, n: int, batch_size: int = 256) -> tuple[f
     return samples / busy, (wait - first) / busy
 
 
+def _rss_mib() -> float:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def soak(bootstrap: str, topic: str, shards: int, seconds: float, out: IO[str]) -> dict[str, float]:
+    """Read the topic again and again through the pipeline for ``seconds``; RSS at start and end.
+
+    Each pass opens fresh shards in static mode from the beginning (a new group each time), so
+    the input runs at full rate for the whole soak and every pass exercises set-up and clean-up.
+    """
+    from streamer.settings import PipelineSettings
+    from streamer.simulator import SimulatorTask
+    from streamer.source import StreamSource
+
+    parts = _partitions(bootstrap, topic)
+    schema = SimulatorTask().schema()
+    records = 0
+    passes = 0
+    start_rss: float | None = None
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < seconds:
+        cs = _settings(bootstrap, topic, parts, shards)
+        source = StreamSource(
+            schema,
+            PipelineSettings(num_shards=shards, batch_size=256, idle_timeout_seconds=2),
+            consumer=cs,
+        )
+        for batch in source.dataset():
+            records += int(batch["offset"].shape[0])
+            source.tracker.ack(batch["partition"].numpy(), batch["offset"].numpy())
+        source.close()
+        passes += 1
+        if start_rss is None:  # after the first pass: TensorFlow and the pools are warm
+            start_rss = _rss_mib()
+            t0 = time.monotonic()
+        out.write(f"  soak pass {passes}: {records:,} records, rss {_rss_mib():.0f} MiB\n")
+        out.flush()
+    end_rss = _rss_mib()
+    return {
+        "seconds": time.monotonic() - t0,
+        "passes": passes,
+        "records": records,
+        "rss_start_mib": start_rss or end_rss,
+        "rss_end_mib": end_rss,
+        "rss_growth_mib": end_rss - (start_rss or end_rss),
+    }
+
+
 def run_bench(
     bootstrap: str,
     *,
@@ -238,6 +293,7 @@ def run_bench(
     topic: str | None = None,
     modes: tuple[str, ...] = MODES,
     naive_records: int = 20_000,
+    soak_seconds: float = 0.0,
     progress: IO[str] | None = None,
 ) -> BenchResult:
     """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times."""
@@ -271,6 +327,8 @@ def run_bench(
             result.rates.setdefault(mode, []).append(rate)
             out.write(f"  repeat {r + 1}/{repeats} {mode:<9} {rate:>12,.0f} records/s\n")
             out.flush()
+    if soak_seconds > 0:
+        result.soak = soak(bootstrap, topic, shards, soak_seconds, out)
     return result
 
 
@@ -294,4 +352,10 @@ def format_table(summary: dict[str, Any]) -> str:
     ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")
+    if "soak" in summary:
+        sk = summary["soak"]
+        lines.append(
+            f"soak: {sk['seconds']:.0f} s, {sk['records']:,} records, rss {sk['rss_start_mib']:.0f} -> "
+            f"{sk['rss_end_mib']:.0f} MiB (growth {sk['rss_growth_mib']:+.1f} MiB)"
+        )
     return "\n".join(lines)

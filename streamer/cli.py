@@ -171,6 +171,13 @@ def _parser() -> argparse.ArgumentParser:
         help="records read by the slow naive mode [default: 20000]",
     )
     bench.add_argument(
+        "--soak-seconds",
+        type=float,
+        default=0.0,
+        help="after the modes, read the topic through the pipeline again and again for this "
+        "long and report resident memory at start and end (a leak check) [default: 0, off]",
+    )
+    bench.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
     return parser
@@ -196,6 +203,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         topic=args.topic,
         modes=modes,
         naive_records=args.naive_records,
+        soak_seconds=args.soak_seconds,
     )
     summary = result.summary()
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))

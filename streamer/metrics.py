@@ -481,6 +481,20 @@ class Metrics:
                 self.partition_committed.labels(self.topic, str(p)).set(offset)
                 self._update_lag(p, state)
 
+    def seed_committed(self, offsets: Mapping[int, int]) -> None:
+        """The group's committed offsets of (re)assigned partitions: lag counts from there.
+
+        Never moves a partition's figure back (a commit of ours may have landed since).
+        """
+        with self._lock:
+            for p, offset in offsets.items():
+                state = self._partitions.get(p)
+                if state is None or offset <= state.committed:
+                    continue
+                state.committed = offset
+                self.partition_committed.labels(self.topic, str(p)).set(offset)
+                self._update_lag(p, state)
+
     def rebalance(self, event: RebalanceEvent) -> None:
         if event not in _REBALANCE_EVENTS:
             raise ValueError(f"rebalance event {event!r} is not one of {_REBALANCE_EVENTS}")

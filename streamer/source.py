@@ -123,6 +123,10 @@ class _Hooks(ShardHooks):
         if self._s.metrics is not None:
             self._s.metrics.observe_commit(offsets, ok, seconds)
 
+    def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
+        if self._s.metrics is not None:
+            self._s.metrics.seed_committed(offsets)
+
     def on_error(self, kind: str, exc: BaseException) -> None:
         if self._s.metrics is not None:
             self._s.metrics.kafka_error(kind)

@@ -6,18 +6,22 @@ import gc
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import IO, Any
 
 import numpy as np
 import tensorflow as tf
 
-from consumers.errors import StreamerError
+from consumers.errors import ConfigError, StreamerError
 from consumers.shard import ShardHooks
 from streamer.config import WorkerConfig
+from streamer.evaluate import Evaluator
+from streamer.export import Exporter
 from streamer.health import Health, MetricsServer
 from streamer.metrics import Metrics
 from streamer.model import load_model
@@ -26,6 +30,7 @@ from streamer.probe import BrokerProbe
 from streamer.schema import Schema
 from streamer.simulator import SimulatedShard, SimulatorTask
 from streamer.source import METADATA_COLUMNS, ShardLike, StreamSource
+from streamer.tboard import ProfileWindow, TrainingSummaries
 from streamer.train import Checkpointer, Trainer, choose_strategy
 
 __all__ = ["AuditLog", "Worker"]
@@ -109,6 +114,48 @@ class _Status:
             self.out.flush()
 
 
+class _SignalWatch:
+    """Acts on SIGTERM/SIGINT at once, even while the main thread is blocked inside TensorFlow.
+
+    Python runs a signal handler only when the main thread is back in the interpreter; a
+    trainer waiting in ``next(iterator)`` for input may not be for as long as --idle-timeout.
+    The C-level handler writes each signal's number to a wakeup socket, and a thread here
+    calls ``on_signal`` with it; the Python-level handler does nothing.
+    """
+
+    def __init__(self, on_signal: Callable[[int], None], signals: tuple[int, ...]) -> None:
+        self._on_signal = on_signal
+        self._read, self._write = socket.socketpair()
+        self._write.setblocking(False)
+        self._old_handlers = {s: signal.signal(s, _ignore_here) for s in signals}
+        self._old_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._loop, name="streamer-signals", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                data = self._read.recv(64)
+            except OSError:
+                return
+            if not data:
+                return
+            for signum in data:
+                self._on_signal(signum)
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        for s, h in self._old_handlers.items():
+            signal.signal(s, h)
+        self._write.close()  # the reader sees end of file
+        self._thread.join(1.0)
+        self._read.close()
+
+
+def _ignore_here(_signum: int, _frame: FrameType | None) -> None:
+    """The Python-level handler: _SignalWatch's thread has acted on the signal already."""
+
+
 class Worker:
     """Trains continuously from the stream until stopped; see DESIGN.md section 3.
 
@@ -129,10 +176,17 @@ class Worker:
         self.metrics: Metrics | None = None
         self.health = Health()
         self.server: MetricsServer | None = None
+        self.exporter: Exporter | None = None
+        self.summaries: TrainingSummaries | None = None
+        self.profiler: ProfileWindow | None = None
+        self.evaluator: Evaluator | None = None
+        # Every partition's last committed position, kept across passes (a pass's tracker is
+        # reset when its shards close); checkpoints and exports record it.
+        self._committed_view: dict[int, int] = {}
 
     # ---- signals ----------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+    def _on_signal(self, signum: int) -> None:
         self._signals += 1
         name = signal.Signals(signum).name
         if self._signals > 1:
@@ -158,6 +212,8 @@ class Worker:
         self._stopping.set()
         if hasattr(self, "source"):
             self.source.stop()
+        if self.evaluator is not None:
+            self.evaluator.stop()
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -268,11 +324,44 @@ class Worker:
                 restore_offsets=restore,
             )
         self.dataset = self.source.dataset()
+        self._build_online()
         self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
         self.probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
         self._model_built = True
         self._monitor = threading.Thread(target=self._watch, name="streamer-readiness", daemon=True)
         self._monitor.start()
+
+    def _build_online(self) -> None:
+        """Export, TensorBoard summaries, the profiler window and evaluation, as configured."""
+        cfg = self.config
+        metrics = self.metrics
+        assert metrics is not None
+        if cfg.export_dir:
+            self.exporter = Exporter(cfg.export_dir, keep=cfg.export_keep)
+        if cfg.logdir:
+            self.summaries = TrainingSummaries(
+                cfg.logdir,
+                cfg.status_interval,
+                lag=lambda: metrics.snapshot()["consumer_lag_records"],
+            )
+            window = cfg.profile_range()
+            if window is not None:
+                self.profiler = ProfileWindow(cfg.logdir, *window)
+        if cfg.eval_topic:
+            if cfg.bootstrap is None:
+                raise ConfigError(
+                    "eval_topic", cfg.eval_topic, "needs --bootstrap (the eval topic is in Kafka)"
+                )
+            self.evaluator = Evaluator(
+                cfg.consumer_settings(),
+                cfg.eval_topic,
+                self.schema,
+                self.trainer,
+                records=cfg.eval_records,
+                batch_size=cfg.batch_size,
+                idle_timeout=min(2.0, cfg.pipeline_settings().idle_timeout_seconds),
+            )
+        self._run_start_step = self._exported_step = self.step
 
     def _watch(self) -> None:
         """Every second: readiness (model built, broker reachable, partitions assigned) and queues."""
@@ -307,9 +396,9 @@ class Worker:
     def run(self) -> int:
         """Run until a stop condition or signal; returns the process exit code."""
         cfg = self.config
-        installed = threading.current_thread() is threading.main_thread()
-        if installed:
-            old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        watch: _SignalWatch | None = None
+        if threading.current_thread() is threading.main_thread():
+            watch = _SignalWatch(self._on_signal, (signal.SIGTERM, signal.SIGINT))
         try:
             self._build()
             log.info("worker %s starting at step %d: %s", cfg.worker_id, self.step, _describe(cfg))
@@ -320,11 +409,18 @@ class Worker:
             self._last_ckpt_step, self._last_ckpt_t = self.step, time.monotonic()
             while not self._stopping.is_set():
                 exhausted = self._run_pass()
+                if exhausted and self.source.finished:
+                    self.request_stop("the replay range is trained")
                 if cfg.stop_after_idle is not None and (
                     time.monotonic() - self._last_data >= cfg.stop_after_idle
                     or (exhausted and self._pass_ends_only_when_idle())
                 ):
                     self.request_stop(f"idle for {cfg.stop_after_idle:g}s")
+            if self.exporter is not None and self.step not in (
+                self._exported_step,
+                self._run_start_step,
+            ):
+                self._export()  # a clean stop: the final model is served too
             status.maybe(self.step, self.loss, force=True)
             status.end()
             log.info("stopped (%s) at step %d", self._stop_reason, self.step)
@@ -335,9 +431,8 @@ class Worker:
         finally:
             self._shutdown()
             self._finished.set()
-            if installed:
-                for s, h in old.items():
-                    signal.signal(s, h)
+            if watch is not None:
+                watch.close()
 
     def _pass_ends_only_when_idle(self) -> bool:
         """True when the only way a pass runs out is every shard idle for --stop-after-idle.
@@ -363,6 +458,8 @@ class Worker:
         exhausted = False
         try:
             while not self._stopping.is_set():
+                if self.profiler is not None:
+                    self.profiler.before_step(self.step)
                 t0 = time.perf_counter()
                 self.health.waiting("trainer", "waiting for input")
                 try:
@@ -397,6 +494,7 @@ class Worker:
                 self._last_data = time.monotonic()
                 self._maybe_commit()
                 self._status.maybe(self.step, self.loss)
+                self._after_step(n, t1 - t0)
                 if cfg.max_steps is not None and self.step >= cfg.max_steps:
                     self.request_stop(f"--max-steps {cfg.max_steps}")
         finally:
@@ -404,6 +502,54 @@ class Worker:
             gc.collect()
             self._end_pass()
         return exhausted and not self._stopping.is_set()
+
+    # ---- export, summaries, profiling, evaluation ---------------------------------------------
+
+    def _after_step(self, samples: int, input_wait_seconds: float) -> None:
+        cfg = self.config
+        if self.profiler is not None:
+            self.profiler.after_step(self.step)
+        if self.summaries is not None:
+            self.summaries.observe(self.step, self.loss, samples, input_wait_seconds)
+        if self.evaluator is not None and self.step % cfg.eval_every_steps == 0:
+            self._evaluate()
+        if self.exporter is not None and self.step % cfg.export_every_steps == 0:
+            self._export()
+
+    def _export(self) -> None:
+        assert self.exporter is not None
+        t0 = time.monotonic()
+        try:
+            path = self.exporter.export(
+                self.bundle.model, self.step, self._positions(), self.config.topic
+            )
+        except Exception as exc:  # a failed export never stops training
+            log.error("export at step %d failed: %s", self.step, exc)
+            return
+        self._exported_step = self.step
+        log.info("exported %s at step %d in %.2fs", path, self.step, time.monotonic() - t0)
+
+    def _evaluate(self) -> None:
+        assert self.evaluator is not None and self.metrics is not None
+        t0 = time.monotonic()
+        try:
+            result = self.evaluator.evaluate()
+        except (StreamerError, tf.errors.OpError) as exc:
+            log.warning("evaluation at step %d failed: %s", self.step, exc)
+            return
+        if result is None:
+            return
+        loss, records = result
+        self.metrics.observe_eval(loss)
+        if self.summaries is not None:
+            self.summaries.eval_loss(self.step, loss)
+        log.info(
+            "eval step=%d loss=%.5f records=%d seconds=%.2f",
+            self.step,
+            loss,
+            records,
+            time.monotonic() - t0,
+        )
 
     # ---- commits and checkpoints ------------------------------------------------------------
 
@@ -432,12 +578,13 @@ class Worker:
         self._committed_view = merged
         return merged
 
-    _committed_view: dict[int, int] = {}
-
     def _commit(self, points: dict[int, int]) -> None:
         if self.audit is not None:
             self.audit.flush()  # the audit log is never behind a commit
         self.source.commit(points)
+        # What was committed stays known after a pass closes its shards (and their tracker
+        # state): an export after the pass still records every partition's position.
+        self._committed_view = {**self._committed_view, **points}
         if self.config.bootstrap is None:
             self._sim_positions.update(points)
         self._last_commit_step, self._last_commit_t = self.step, time.monotonic()
@@ -471,10 +618,18 @@ class Worker:
                 self._commit(self.tracker.commit_points())
         finally:
             self.source.end_pass()
+            if self.summaries is not None:
+                self.summaries.flush()
 
     def _shutdown(self) -> None:
         self.health.set_ready(False, "shutting down")
         self._stopping.set()
+        if self.profiler is not None:
+            self.profiler.finish()
+        if self.evaluator is not None:
+            self.evaluator.close()
+        if self.summaries is not None:
+            self.summaries.close()
         probe = getattr(self, "probe", None)
         if probe is not None:
             probe.close()

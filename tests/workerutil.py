@@ -280,3 +280,45 @@ def missing_and_extra(
 
 def summarize(records: list[tuple[int, int]], limit: int = 10) -> str:
     return f"{len(records)} records, e.g. {records[:limit]}"
+
+
+def free_port() -> int:
+    """A TCP port that was free on 127.0.0.1 a moment ago."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
+    """``(status, body)`` of a GET; status 0 (and the error as body) when nothing answered."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 - test URLs
+            return int(resp.status), resp.read().decode("utf-8", errors="replace")
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), exc.read().decode("utf-8", errors="replace")
+    except (OSError, urllib.error.URLError) as exc:
+        return 0, repr(exc)
+
+
+def parse_metrics(body: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Prometheus text exposition -> sample name -> [(labels, value), ...]."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(body):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
+    return out
+
+
+def metric_types(body: str) -> dict[str, str]:
+    """Prometheus text exposition -> family name (counters without ``_total``) -> type."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name: family.type for family in text_string_to_metric_families(body)}

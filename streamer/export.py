@@ -1,0 +1,141 @@
+"""Exporter: SavedModel versions in TF Serving's layout, published atomically, oldest pruned.
+
+Layout (what TF Serving's file system source polls)::
+
+    <dir>/<version>/saved_model.pb
+    <dir>/<version>/variables/...
+    <dir>/<version>/assets.extra/streamer.json   topic, step and the offsets trained up to
+
+A version is written under ``<dir>/.tmp-<version>-<random>`` (a name TF Serving ignores: not
+all digits) and then renamed into place, so a reader polling the directory sees a version
+either complete or not at all. Old versions are renamed to ``.del-...`` before they are deleted,
+for the same reason. Versions strictly increase, across restarts too: a new version is
+``max(step, newest version + 1)``. One export directory belongs to one worker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import keras
+
+__all__ = ["INFO_FILE", "Exporter", "read_info"]
+
+log = logging.getLogger(__name__)
+
+INFO_FILE = os.path.join("assets.extra", "streamer.json")
+_TMP_PREFIX = ".tmp-"
+_DEL_PREFIX = ".del-"
+
+
+def read_info(version_dir: str) -> dict[str, Any]:
+    """The ``streamer.json`` of one exported version (offsets keyed by int partition)."""
+    with open(os.path.join(version_dir, INFO_FILE), encoding="utf-8") as fh:
+        info: dict[str, Any] = json.load(fh)
+    info["offsets"] = {int(p): int(o) for p, o in info.get("offsets", {}).items()}
+    return info
+
+
+class Exporter:
+    """Writes numbered SavedModel versions of a Keras model into ``directory``; keeps ``keep``.
+
+    >>> exporter = Exporter("/models/streamer", keep=3)                   # doctest: +SKIP
+    >>> exporter.export(model, step=1000, offsets={0: 5120, 1: 4987}, topic="samples")
+    '/models/streamer/1000'
+    """
+
+    def __init__(self, directory: str, keep: int = 3) -> None:
+        if keep < 1:
+            raise ValueError("keep must be at least 1")
+        self.directory = directory
+        self.keep = keep
+        os.makedirs(directory, exist_ok=True)
+        # Left over by a crash mid-export or mid-prune: never a version, safe to remove.
+        for name in os.listdir(directory):
+            if name.startswith((_TMP_PREFIX, _DEL_PREFIX)):
+                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+    def versions(self) -> list[int]:
+        """The complete versions present, oldest first."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return []
+        return sorted(int(n) for n in names if n.isdigit())
+
+    def latest(self) -> str | None:
+        versions = self.versions()
+        return os.path.join(self.directory, str(versions[-1])) if versions else None
+
+    def latest_step(self) -> int | None:
+        """The training step of the newest version, or None without one (or without its info)."""
+        path = self.latest()
+        if path is None:
+            return None
+        try:
+            return int(read_info(path)["step"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def export(self, model: keras.Model, step: int, offsets: Mapping[int, int], topic: str) -> str:
+        """Write a new version and publish it with one rename; returns its directory."""
+        existing = self.versions()
+        version = max(int(step), existing[-1] + 1 if existing else 1)
+        tmp = os.path.join(self.directory, f"{_TMP_PREFIX}{version}-{secrets.token_hex(4)}")
+        final = os.path.join(self.directory, str(version))
+        t0 = time.monotonic()
+        try:
+            model.export(tmp, format="tf_saved_model", verbose=False)
+            os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
+            info = {
+                "topic": topic,
+                "step": int(step),
+                "version": version,
+                "offsets": {str(p): int(o) for p, o in sorted(offsets.items())},
+                "exported_at": time.time(),
+            }
+            with open(os.path.join(tmp, INFO_FILE), "w", encoding="utf-8") as fh:
+                json.dump(info, fh, indent=1)
+                fh.write("\n")
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.rename(tmp, final)  # atomic: a reader sees all of the version or none of it
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        _fsync_dir(self.directory)
+        log.debug("exported version %d in %.2fs", version, time.monotonic() - t0)
+        self._prune()
+        return final
+
+    def _prune(self) -> None:
+        versions = self.versions()
+        for old in versions[: max(0, len(versions) - self.keep)]:
+            path = os.path.join(self.directory, str(old))
+            gone = os.path.join(self.directory, f"{_DEL_PREFIX}{old}-{secrets.token_hex(4)}")
+            try:
+                os.rename(path, gone)  # out of sight first: never a half-deleted version
+            except OSError as exc:
+                log.warning("could not remove old export %s: %s", path, exc)
+                continue
+            shutil.rmtree(gone, ignore_errors=True)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,96 @@
+"""Fixtures: private Kafka brokers for the reliability tests (issue 6), never the shared one.
+
+Each broker is a separate ``deploy/local/kafka.sh`` instance with its own ``KAFKA_LOCAL_DIR``
+under ``tmp_path_factory`` (see brokers.py), stopped at the end of its scope.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.reliability.brokers import (
+    USERS,
+    Certs,
+    PrivateBroker,
+    fixed_ports,
+    free_port,
+    make_certs,
+    need_tools,
+    unavailable,
+)
+
+
+@pytest.fixture(scope="session")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    need_tools("openssl")
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+@pytest.fixture(scope="session")
+def secure_broker(
+    tmp_path_factory: pytest.TempPathFactory, certs: Certs
+) -> Iterator[PrivateBroker]:
+    """A private broker with PLAINTEXT, SASL_PLAINTEXT, SSL (client certificates required) and
+    SASL_SSL listeners; SCRAM-SHA-256/512 and PLAIN users from ``USERS``."""
+    need_tools("java", "bash")
+    state = tmp_path_factory.mktemp("kafka-secure")
+    port, cport = fixed_ports(state)
+    ports = {"SASL_PLAINTEXT": free_port(), "SSL": free_port(), "SASL_SSL": free_port()}
+    listeners = {"PLAINTEXT": f"127.0.0.1:{port}"}
+    listeners.update({name: f"127.0.0.1:{p}" for name, p in ports.items()})
+    urls = [f"{name}://{addr}" for name, addr in listeners.items()]
+    urls.append(f"CONTROLLER://127.0.0.1:{cport}")
+    plain_users = " ".join(
+        f'user_{name}="{pw}"' for name, (mech, pw) in USERS.items() if mech == "PLAIN"
+    )
+    lines = [
+        "listeners=" + ",".join(urls),
+        "advertised.listeners=" + ",".join(urls),
+        "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,"
+        "SASL_PLAINTEXT:SASL_PLAINTEXT,SSL:SSL,SASL_SSL:SASL_SSL",
+        "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+        f"ssl.keystore.type=PEM\nssl.keystore.location={certs.server_keystore}",
+        f"ssl.truststore.type=PEM\nssl.truststore.location={certs.ca}",
+        "listener.name.ssl.ssl.client.auth=required",
+    ]
+    for listener in ("sasl_plaintext", "sasl_ssl"):
+        lines.append(
+            f"listener.name.{listener}.plain.sasl.jaas.config="
+            f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};"
+        )
+        for mech in ("scram-sha-256", "scram-sha-512"):
+            lines.append(
+                f"listener.name.{listener}.{mech}.sasl.jaas.config="
+                "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            )
+    extra = state.parent / f"{state.name}.properties"
+    extra.write_text("\n".join(lines) + "\n")
+    scram = [
+        f"--add-scram {mech}=[name={name},password={pw}]"
+        for name, (mech, pw) in USERS.items()
+        if mech.startswith("SCRAM")
+    ]
+    broker = PrivateBroker(state, extra, " ".join(scram), listeners)
+    try:
+        broker.start()
+    except RuntimeError as exc:
+        broker.clean()
+        unavailable(str(exc))
+    yield broker
+    broker.clean()
+
+
+@pytest.fixture(scope="module")
+def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateBroker]:
+    """A plain private broker that a test may stop, kill and restart (never the shared one)."""
+    need_tools("java", "bash")
+    broker = PrivateBroker(tmp_path_factory.mktemp("kafka-faults"))
+    try:
+        broker.start()
+    except RuntimeError as exc:
+        broker.clean()
+        unavailable(str(exc))
+    yield broker
+    broker.clean()
