@@ -19,7 +19,8 @@ __all__ = ["BenchResult", "run_bench"]
 
 log = logging.getLogger(__name__)
 
-MODES = ("raw", "naive", "pipeline", "pipeline-process", "worker")
+MODES = ("raw", "naive", "pipeline", "pipeline-shuffle", "pipeline-process", "worker")
+SHUFFLE_BUFFER = 10_000  # records in the shuffle window of the pipeline-shuffle mode
 
 
 @dataclass
@@ -54,6 +55,8 @@ class BenchResult:
             out["ratio_pipeline_raw"] = med["pipeline"] / med["raw"]
         if "pipeline" in med and "naive" in med:
             out["ratio_pipeline_naive"] = med["pipeline"] / med["naive"]
+        if "pipeline-shuffle" in med and "pipeline" in med:
+            out["ratio_pipeline_shuffle_pipeline"] = med["pipeline-shuffle"] / med["pipeline"]
         if "pipeline-process" in med and "raw" in med:
             out["ratio_pipeline_process_raw"] = med["pipeline-process"] / med["raw"]
         if "pipeline-process" in med and "naive" in med:
@@ -173,8 +176,10 @@ def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
     return got / (t1 - (t0 or t1) + 1e-9)
 
 
-def bench_pipeline(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
-    """Our batched dataset, input only."""
+def bench_pipeline(
+    cs: ConsumerSettings, n: int, batch_size: int = 256, shuffle_buffer: int = 0
+) -> float:
+    """Our batched dataset, input only (with a shuffle window of ``shuffle_buffer`` records)."""
     from streamer.settings import PipelineSettings
     from streamer.simulator import SimulatorTask
     from streamer.source import StreamSource
@@ -182,7 +187,11 @@ def bench_pipeline(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float
     source = StreamSource(
         SimulatorTask().schema(),
         PipelineSettings(
-            num_shards=cs.num_shards, batch_size=batch_size, pass_records=n, idle_timeout_seconds=5
+            num_shards=cs.num_shards,
+            batch_size=batch_size,
+            pass_records=n,
+            idle_timeout_seconds=5,
+            shuffle_buffer=shuffle_buffer,
         ),
         consumer=cs,
     )
@@ -308,6 +317,7 @@ def run_bench(
         "raw": lambda cs: bench_raw(cs, records),
         "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
         "pipeline": lambda cs: bench_pipeline(cs, records),
+        "pipeline-shuffle": lambda cs: bench_pipeline(cs, records, shuffle_buffer=SHUFFLE_BUFFER),
         "pipeline-process": lambda cs: bench_pipeline(
             _settings(bootstrap, topic, parts, shards, runtime="process"), records
         ),
@@ -346,6 +356,7 @@ def format_table(summary: dict[str, Any]) -> str:
     for key in (
         "ratio_pipeline_raw",
         "ratio_pipeline_naive",
+        "ratio_pipeline_shuffle_pipeline",
         "ratio_pipeline_process_raw",
         "ratio_pipeline_process_naive",
         "worker_input_wait_fraction",

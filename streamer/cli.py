@@ -161,8 +161,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--modes",
-        default="raw,naive,pipeline,pipeline-process,worker",
-        help="comma-separated subset [default: all five]",
+        default="raw,naive,pipeline,pipeline-shuffle,pipeline-process,worker",
+        help="comma-separated subset of raw, naive, pipeline, pipeline-shuffle (a 10,000-record "
+        "shuffle window), pipeline-process (shards in child processes), worker [default: all six]",
     )
     bench.add_argument(
         "--naive-records",

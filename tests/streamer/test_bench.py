@@ -32,6 +32,8 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
             "2",
             "--naive-records",
             "600",
+            "--soak-seconds",
+            "3",
             "--json",
         ],
         capture_output=True,
@@ -42,7 +44,14 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert out["records"] == 3000 and out["shards"] == 2
-    assert set(out["modes"]) == {"raw", "naive", "pipeline", "pipeline-process", "worker"}
+    assert set(out["modes"]) == {
+        "raw",
+        "naive",
+        "pipeline",
+        "pipeline-shuffle",
+        "pipeline-process",
+        "worker",
+    }
     for mode, m in out["modes"].items():
         assert m["repeats"] == 2, mode
         assert (
@@ -53,4 +62,9 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
         )
     assert out["ratio_pipeline_raw"] > 0
     assert out["ratio_pipeline_naive"] > 0
+    assert out["ratio_pipeline_shuffle_pipeline"] > 0
     assert 0 <= out["worker_input_wait_fraction"] <= 1
+    soak = out["soak"]
+    # Every soak pass reads the whole topic again: whole multiples of it, at least two passes.
+    assert soak["passes"] >= 2 and soak["records"] == soak["passes"] * 3000, soak
+    assert soak["seconds"] >= 3 and soak["rss_start_mib"] > 0 and soak["rss_end_mib"] > 0
