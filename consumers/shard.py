@@ -21,6 +21,7 @@ from consumers.errors import (
     FencedError,
     ShardFailedError,
     StreamerError,
+    TopicNotFoundError,
 )
 from consumers.settings import ConsumerSettings
 
@@ -46,6 +47,63 @@ _AUTH_ERRORS: tuple[type[BaseException], ...] = tuple(
 _FENCED_ERRORS: tuple[type[BaseException], ...] = tuple(
     getattr(kerrors, name) for name in ("FencedInstanceIdError",) if hasattr(kerrors, name)
 )
+
+
+class _RepeatFilter(logging.Filter):
+    """Lets an identical WARNING/ERROR record of a logger through at most once per ``every_s``.
+
+    kafka-python refreshes metadata every ``retry_backoff_ms`` (100 ms) while a subscribed
+    topic is unknown, and ``kafka.cluster`` logs "Topic ... not found in cluster metadata" at
+    ERROR on each refresh; the shard's own WARNING says what happened and what it does.
+    Records differ in their arguments: distinct errors still all get through.
+    """
+
+    def __init__(self, every_s: float = 10.0) -> None:
+        super().__init__()
+        self.every_s = every_s
+        self._seen: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
+        key = (str(record.msg), repr(record.args))
+        now = time.monotonic()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last < self.every_s:
+                return False
+            if len(self._seen) > 1000:
+                self._seen.clear()
+            self._seen[key] = now
+        return True
+
+
+def _install_repeat_filter(logger_name: str) -> None:
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _RepeatFilter) for f in logger.filters):
+        logger.addFilter(_RepeatFilter())
+
+
+# Also "Group ... failed to commit partition ...": a sync commit for a deleted topic is retried
+# every 100 ms until its timeout.
+_install_repeat_filter("kafka.cluster")
+_install_repeat_filter("kafka.coordinator.consumer")
+
+_MISSING_TOPIC_LOG_S = 30.0
+_missing_topic_logged: dict[str, float] = {}
+_missing_topic_lock = threading.Lock()
+
+
+def _missing_topic_notice(topic: str) -> bool:
+    """True at most once per 30 s per topic: all shards of a process share one WARNING."""
+    now = time.monotonic()
+    with _missing_topic_lock:
+        last = _missing_topic_logged.get(topic)
+        if last is not None and now - last < _MISSING_TOPIC_LOG_S:
+            return False
+        _missing_topic_logged[topic] = now
+        return True
 
 
 class ShardHooks:
@@ -210,6 +268,9 @@ class Shard:
         self._closed = False
         self._position: dict[int, int] = {}
         self._unseeded: set[int] = set()  # assigned partitions whose group commit is not read yet
+        self._missing_since: tuple[float, int] | None = None  # (when, metadata refresh) of a gap
+        #: True while the topic does not exist (deleted mid-stream, or not created again yet).
+        self.topic_missing = False
         self.last_record_monotonic = time.monotonic()
         self.last_rebalance_monotonic = time.monotonic()
         self.records_polled = 0
@@ -231,7 +292,12 @@ class Shard:
         return self
 
     def _open(self) -> Any:
-        """Create, subscribe or assign the consumer, retrying while no broker answers; None if stopped."""
+        """Create, subscribe or assign the consumer; None if stopped first.
+
+        Retries while no broker answers, and waits while the topic does not exist (deleted,
+        or not created again yet): backoff 1 s doubling to 30 s, one WARNING per topic at
+        most every 30 s (``_missing_topic_notice``), the poller reported alive at every check.
+        """
         backoff = 1.0
         while not self._stop.is_set():
             try:
@@ -243,11 +309,16 @@ class Shard:
                 backoff = min(backoff * 2, 30.0)
                 continue
             try:
+                # Fetch the topic's metadata first: a group leader without it assigns nothing
+                # and the group only rebalances again at the next metadata refresh (minutes).
+                # A static member that rejoins gets its old assignment back from the
+                # coordinator even when the topic is gone: never subscribe to a missing topic.
+                if not consumer.partitions_for_topic(self._topic):
+                    consumer.close(autocommit=False)
+                    self._wait_for_topic(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
                 if self.settings.mode == "group":
-                    # Fetch the topic's metadata first: a group leader without it assigns
-                    # nothing and the group only rebalances again at the next metadata
-                    # refresh (minutes).
-                    consumer.partitions_for_topic(self._topic)
                     consumer.subscribe(topics=[self._topic], listener=_Listener(self))
                 else:
                     parts = self.settings.static_partitions(self.shard_index, self.num_shards)
@@ -260,10 +331,32 @@ class Shard:
                     consumer.close(autocommit=False)
                     return None
                 self._consumer = consumer
+            if self.topic_missing:
+                self.topic_missing = False
+                log.warning(
+                    "shard %d: topic %r exists again; consuming it", self.shard_index, self._topic
+                )
+            self._missing_since = None
             if self.settings.mode != "group":
                 self._assigned(parts)
             return consumer
         return None
+
+    def _wait_for_topic(self, backoff: float) -> None:
+        """The topic does not exist: say so (rate-limited), stay live, wait ``backoff`` s."""
+        if not self.topic_missing:
+            self.topic_missing = True
+            self.hooks.on_error("topic_missing", TopicNotFoundError(self._topic))
+        level = logging.WARNING if _missing_topic_notice(self._topic) else logging.DEBUG
+        log.log(
+            level,
+            "shard %d: topic %r does not exist (deleted?); not consuming, checking again in %.0fs",
+            self.shard_index,
+            self._topic,
+            backoff,
+        )
+        self.hooks.on_poll(self.shard_index, 0, 0, {}, {})  # the poller is alive, not stuck
+        self._stop.wait(backoff)
 
     def get(self, timeout: float) -> RecordBlock | None:
         """The next block, or None after ``timeout`` seconds. Raises ShardFailedError if the poller died."""
@@ -324,7 +417,8 @@ class Shard:
                 log.warning("shard %d: poller did not stop within %.1fs", self.shard_index, timeout)
         if self._consumer is not None:
             try:
-                if self._error is None:
+                # A commit for a topic that is gone is retried every 100 ms until the timeout.
+                if self._error is None and not self._topic_unknown(self._consumer):
                     self._flush_commits(sync=True, timeout_ms=int(timeout * 1000))
             except Exception as exc:  # the commit is also retried by the next pass / checkpoint
                 log.warning("shard %d: final commit failed: %s", self.shard_index, exc)
@@ -343,51 +437,11 @@ class Shard:
     # ---- poller thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        timeout_ms = self.settings.poll_timeout_ms
-        backoff = 0.1
         try:
-            consumer = self._open()
-            while consumer is not None and not self._stop.is_set():
-                if not self._joined:
-                    self._check_joined()
-                self._apply_backpressure()
-                self._flush_commits(sync=False)
-                try:
-                    polled = consumer.poll(timeout_ms=timeout_ms)
-                except kerrors.NoOffsetForPartitionError as exc:
-                    self._reset_positions(set(exc.args[0]) if exc.args else set(), {})
-                    continue
-                except kerrors.OffsetOutOfRangeError as exc:
-                    lost = dict(exc.args[0]) if exc.args and isinstance(exc.args[0], dict) else {}
-                    self._reset_positions(set(lost), lost)
-                    continue
-                except _FENCED_ERRORS as exc:
-                    self.hooks.on_error("fenced", exc)
-                    raise FencedError(self.settings.group_instance_id(self.shard_index)) from exc
-                except _AUTH_ERRORS as exc:
-                    self.hooks.on_error("authentication", exc)
-                    raise AuthenticationError(
-                        self.settings.bootstrap_servers, type(exc).__name__
-                    ) from exc
-                except kerrors.KafkaError as exc:
-                    if not getattr(exc, "retriable", False) and not isinstance(
-                        exc, (kerrors.KafkaConnectionError, kerrors.KafkaTimeoutError)
-                    ):
-                        raise
-                    self.hooks.on_error("connection", exc)
-                    log.warning(
-                        "shard %d: poll failed (%s), retrying in %.1fs",
-                        self.shard_index,
-                        exc,
-                        backoff,
-                    )
-                    self._stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    continue
-                backoff = 0.1
-                self._emit(polled)
-                if self._unseeded:
-                    self._read_group_commits()
+            while not self._stop.is_set():
+                consumer = self._open()
+                if consumer is None or not self._poll_loop(consumer):
+                    break
         except BaseException as exc:
             if not isinstance(exc, StreamerError):
                 log.error("shard %d: poller failed: %r", self.shard_index, exc)
@@ -395,6 +449,109 @@ class Shard:
         finally:
             with self._cond:
                 self._cond.notify_all()
+
+    def _poll_loop(self, consumer: Any) -> bool:
+        """Poll until stopped (False) or until the topic is gone (True: consumer closed)."""
+        timeout_ms = self.settings.poll_timeout_ms
+        backoff = 0.1
+        while not self._stop.is_set():
+            if not self._joined:
+                self._check_joined()
+            self._apply_backpressure()
+            self._flush_commits(sync=False)
+            try:
+                polled = consumer.poll(timeout_ms=timeout_ms)
+            except kerrors.NoOffsetForPartitionError as exc:
+                self._reset_positions(set(exc.args[0]) if exc.args else set(), {})
+                continue
+            except kerrors.OffsetOutOfRangeError as exc:
+                lost = dict(exc.args[0]) if exc.args and isinstance(exc.args[0], dict) else {}
+                self._reset_positions(set(lost), lost)
+                continue
+            except _FENCED_ERRORS as exc:
+                self.hooks.on_error("fenced", exc)
+                raise FencedError(self.settings.group_instance_id(self.shard_index)) from exc
+            except _AUTH_ERRORS as exc:
+                self.hooks.on_error("authentication", exc)
+                raise AuthenticationError(
+                    self.settings.bootstrap_servers, type(exc).__name__
+                ) from exc
+            except kerrors.KafkaError as exc:
+                if not getattr(exc, "retriable", False) and not isinstance(
+                    exc, (kerrors.KafkaConnectionError, kerrors.KafkaTimeoutError)
+                ):
+                    raise
+                self.hooks.on_error("connection", exc)
+                log.warning(
+                    "shard %d: poll failed (%s), retrying in %.1fs",
+                    self.shard_index,
+                    exc,
+                    backoff,
+                )
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            self._emit(polled)
+            if self._unseeded:
+                self._read_group_commits()
+            if not self._stop.is_set() and self._topic_gone(consumer):
+                self._drop_topic(consumer)
+                return True
+        return False
+
+    def _topic_gone(self, consumer: Any) -> bool:
+        """True once the client's metadata has lacked the topic for a second of refreshes.
+
+        kafka-python drops a topic from its metadata cache when the broker answers
+        UNKNOWN_TOPIC_OR_PARTITION (a failed refresh keeps the cache as it was), then refreshes
+        every ``retry_backoff_ms`` and logs an ERROR each time: a tight loop. A topic missing
+        from the cache for a second, across at least one newer successful refresh, is gone.
+        """
+        if not self._topic_unknown(consumer):
+            self._missing_since = None
+            return False
+        cluster = consumer._cluster
+        now = time.monotonic()
+        refreshed = getattr(cluster, "_last_successful_refresh_ms", 0)
+        if self._missing_since is None:
+            self._missing_since = (now, refreshed)
+            return False
+        since, first_refresh = self._missing_since
+        return now - since >= 1.0 and refreshed > first_refresh
+
+    def _topic_unknown(self, consumer: Any) -> bool:
+        """True when the client's metadata cache lacks the topic (its last refresh said so)."""
+        cluster = getattr(consumer, "_cluster", None)
+        return cluster is not None and cluster.partitions_for_topic(self._topic) is None
+
+    def _drop_topic(self, consumer: Any) -> None:
+        """The topic was deleted: drop its partitions (nothing to commit), close the consumer."""
+        with self._cond:
+            partitions = sorted(self._assigned_set)
+        log.warning(
+            "shard %d: topic %r was deleted: dropping partitions %s without committing "
+            "(records not trained yet are gone with it); waiting for the topic to exist again",
+            self.shard_index,
+            self._topic,
+            partitions,
+        )
+        _missing_topic_notice(self._topic)  # the next "does not exist" line waits 30 s
+        self.topic_missing = True
+        self.hooks.on_error("topic_missing", TopicNotFoundError(self._topic))
+        if partitions:
+            self._revoked(partitions, lost=True)
+        with self._cond:
+            self._consumer = None
+            self._commits.clear()  # offsets of the deleted topic mean nothing now
+            self._rewind.clear()
+            self._position.clear()
+            self._unseeded.clear()
+            self._paused_count = 0
+        try:
+            consumer.close(autocommit=False, timeout_ms=5000)
+        except Exception as exc:  # closing a client of a deleted topic: best effort
+            log.debug("shard %d: closing the consumer: %r", self.shard_index, exc)
 
     def _read_group_commits(self) -> None:
         """Report the group's committed offsets of new partitions (outside the rebalance callback).

@@ -386,6 +386,12 @@ class Worker:
             return
         with self.source._lock:
             assigned = len(self.source._owner)
+            shards = list(self.source._open)
+        if any(getattr(s, "topic_missing", False) for s in shards):
+            self.health.set_ready(
+                False, f"topic {self.config.topic} does not exist (deleted?); waiting for it"
+            )
+            return
         if assigned == 0:
             self.health.set_ready(False, "no partitions assigned")
             return

@@ -1,0 +1,154 @@
+"""Topic faults (issue 6): the topic deleted mid-stream, then created again; retention deleting
+records while the worker is down (offset out of range).
+
+Real broker (the shared one: these tests only delete topics they created), real worker
+processes, the audit log as the record of what was trained.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamer.simulator import produce
+from tests.reliability.relutil import error_lines, http_get, metrics_base, start_worker
+from tests.workerutil import (
+    audit_lines,
+    end_offsets,
+    free_port,
+    parse_metrics,
+    summarize,
+    worker_args,
+)
+
+pytestmark = pytest.mark.kafka
+
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ (WARNING|ERROR) (\S+): (.*)$")
+
+
+def _noisy_seconds(text: str, limit: int) -> list[tuple[str, str, int]]:
+    """(second, message, count) of every WARNING/ERROR message of ``text`` (a log) repeated
+    more than ``limit`` times within one second.
+
+    Numbers in a message are masked so that a loop over changing offsets still counts as one
+    message."""
+    counts: Counter[tuple[str, str]] = Counter()
+    for line in text.splitlines():
+        m = _STAMP.match(line)
+        if m:
+            counts[m.group(1), m.group(3) + ": " + re.sub(r"\d+", "N", m.group(4))] += 1
+    return [(sec, msg, n) for (sec, msg), n in sorted(counts.items()) if n > limit]
+
+
+def _kafka_errors(base: str, kind: str) -> float:
+    status, body = http_get(base + "/metrics")
+    assert status == 200, body
+    samples = parse_metrics(body).get("streamer_kafka_errors_total", [])
+    return sum(v for labels, v in samples if labels.get("type") == kind)
+
+
+# ---- topic deleted mid-stream -------------------------------------------------------------
+
+
+@pytest.mark.timeout(420)
+def test_topic_deleted_mid_stream_not_ready_quiet_log_then_trains_the_new_topic(
+    kafka_bootstrap: str, kafka_admin: Any, tmp_path: Path
+) -> None:
+    """Delete the topic under a live worker: /readyz turns 503 naming the topic, /healthz stays
+    200, the log says once per shard what happened (no error line repeated more than 3 times
+    in any second, kafka-python's included), the worker stays up; once the topic is created
+    again, its records are trained.
+
+    Semantics: a recreated topic is a new topic (its offsets start at 0 again and the group's
+    commits of the old one were deleted with it), so every record of the new topic is
+    trained; records of the old topic that were polled but not trained are gone with it.
+    """
+    topic = f"deleted-{uuid.uuid4().hex[:10]}"
+    produce(kafka_bootstrap, topic, 1500, partitions=2)
+    audit = tmp_path / "audit.csv"
+    port = free_port()
+    args = worker_args(
+        kafka_bootstrap,
+        topic,
+        f"g-{uuid.uuid4().hex[:8]}",
+        audit,
+        shards=2,
+        batch_size=64,
+        stop_after_idle=None,  # the test stops it
+        extra=["--metrics-port", str(port), "--idle-timeout", "3"],
+    )
+    worker = start_worker(args, tmp_path / "worker.log")
+    try:
+        base = metrics_base(worker)
+        worker.wait_for(lambda: audit_lines(audit) >= 1500, 180, "the first 1500 records")
+        worker.wait_for(lambda: http_get(base + "/readyz")[0] == 200, 60, "ready")
+        time.sleep(1.0)
+        log_from = len(worker.log())  # everything logged from here on is checked for loops
+        audit_from = audit_lines(audit)  # lines from here on are records of the new topic
+        kafka_admin.delete_topics([topic])
+        deleted_at = time.monotonic()
+
+        def not_ready() -> bool:
+            status, body = http_get(base + "/readyz")
+            return status == 503 and topic in body and "does not exist" in body
+
+        worker.wait_for(not_ready, 60, "/readyz 503 naming the deleted topic")
+        not_ready_after = time.monotonic() - deleted_at
+        # Stay deleted a while: alive, not ready, quiet.
+        while time.monotonic() - deleted_at < 25:
+            assert worker.alive(), worker.tail()
+            status, body = http_get(base + "/readyz")
+            assert status == 503 and topic in body, (status, body)
+            assert http_get(base + "/healthz")[0] == 200, worker.tail()
+            time.sleep(1.0)
+        missing_errors = _kafka_errors(base, "topic_missing")
+        assert missing_errors >= 1, "the deletion was not counted in kafka_errors_total"
+
+        produce(kafka_bootstrap, topic, 700, partitions=2)  # created again, offsets from 0
+        worker.wait_for(
+            lambda: audit_lines(audit) >= audit_from + 700 and http_get(base + "/readyz")[0] == 200,
+            180,
+            "the records of the recreated topic trained and /readyz 200",
+        )
+        worker.terminate()
+        code = worker.wait(90)
+        ends = end_offsets(kafka_bootstrap, topic)
+    finally:
+        worker.kill()
+        try:
+            kafka_admin.delete_topics([topic])
+        except Exception as exc:  # already gone after a failure in between
+            print(f"topic clean-up: {exc}")
+    log = worker.log()
+    assert code == 0, worker.tail()
+    assert not_ready_after < 45, not_ready_after
+    # The log names the topic and the problem, once per shard rather than in a loop.
+    # (A shard that sees it mid-poll says "was deleted"; one that opens while the topic is
+    # gone says "does not exist"; all shards together at most once per 30 s.)
+    said = [
+        ln
+        for ln in log[log_from:].splitlines()
+        if " WARNING consumers.shard: " in ln
+        and (f"topic {topic!r} was deleted" in ln or f"topic {topic!r} does not exist" in ln)
+    ]
+    assert 1 <= len(said) <= 4, said
+    assert f"topic {topic!r} exists again" in log
+    noisy = _noisy_seconds(log[log_from:], limit=3)
+    assert not noisy, f"error lines in a loop: {noisy[:5]}"
+    ours = error_lines(log[log_from:])
+    assert not ours, ours  # a deleted topic is a WARNING (waiting for it), never our ERROR
+    # Every record of the recreated topic was trained: its offsets start at 0 again.
+    assert sum(ends.values()) == 700, ends
+    lines = audit.read_text(encoding="ascii").splitlines()[audit_from:]
+    trained_new = Counter((int(p), int(o)) for _, p, o in (ln.rsplit(",", 2) for ln in lines))
+    expected_new = {(p, o) for p, end in ends.items() for o in range(end)}
+    missing = sorted(expected_new - trained_new.keys())
+    assert not missing, f"records of the recreated topic never trained: {summarize(missing)}"
+    extra = sorted(trained_new.keys() - expected_new)
+    assert not extra, f"trained after the deletion but not in the new topic: {summarize(extra)}"
