@@ -268,6 +268,8 @@ class Shard:
         self._closed = False
         self._position: dict[int, int] = {}
         self._unseeded: set[int] = set()  # assigned partitions whose group commit is not read yet
+        self._commit_failures = 0
+        self._commit_warned_at = -1e9
         self._missing_since: tuple[float, int] | None = None  # (when, metadata refresh) of a gap
         #: True while the topic does not exist (deleted mid-stream, or not created again yet).
         self.topic_missing = False
@@ -728,9 +730,30 @@ class Shard:
             self.hooks.on_commit(commits, ok, time.monotonic() - t0, err)
             if not ok:
                 self.hooks.on_error("commit", response)
-                log.warning("shard %d: commit of %s failed: %s", self.shard_index, commits, err)
+                self._warn_commit_failed(commits, err)
 
         self._consumer.commit_async(payload, callback=done)
+
+    def _warn_commit_failed(self, commits: dict[int, int], err: str | None) -> None:
+        """Log a failed commit: the first at once, then one line per 10 s with a count.
+
+        While the coordinator is unreachable every commit request fails at once; the failures
+        are counted in metrics (kafka_errors{type="commit"}) and the log must stay readable.
+        """
+        now = time.monotonic()
+        self._commit_failures += 1
+        if now - self._commit_warned_at < 10.0:
+            return
+        log.warning(
+            "shard %d: commit of %s failed: %s (%d failed commits since the last warning; "
+            "the offsets are committed again later, nothing is lost)",
+            self.shard_index,
+            commits,
+            err,
+            self._commit_failures,
+        )
+        self._commit_warned_at = now
+        self._commit_failures = 0
 
     # ---- rebalance callbacks (kafka-python IO thread: never block) --------------------------
 

@@ -19,7 +19,15 @@ __all__ = ["BenchResult", "run_bench"]
 
 log = logging.getLogger(__name__)
 
-MODES = ("raw", "naive", "pipeline", "pipeline-shuffle", "pipeline-process", "worker")
+MODES = (
+    "raw",
+    "naive",
+    "pipeline",
+    "pipeline-shuffle",
+    "pipeline-process",
+    "worker",
+    "worker-process",
+)
 SHUFFLE_BUFFER = 10_000  # records in the shuffle window of the pipeline-shuffle mode
 
 
@@ -32,7 +40,7 @@ class BenchResult:
     record_bytes: int
     shards: int
     rates: dict[str, list[float]] = field(default_factory=dict)
-    input_wait_fraction: list[float] = field(default_factory=list)
+    input_wait_fraction: dict[str, list[float]] = field(default_factory=dict)
     soak: dict[str, float] | None = None
 
     def summary(self) -> dict[str, Any]:
@@ -61,8 +69,11 @@ class BenchResult:
             out["ratio_pipeline_process_raw"] = med["pipeline-process"] / med["raw"]
         if "pipeline-process" in med and "naive" in med:
             out["ratio_pipeline_process_naive"] = med["pipeline-process"] / med["naive"]
-        if self.input_wait_fraction:
-            out["worker_input_wait_fraction"] = statistics.median(self.input_wait_fraction)
+        for mode, waits in self.input_wait_fraction.items():
+            key = mode.replace("-", "_") + "_input_wait_fraction"
+            out[key] = statistics.median(waits)
+        if "worker-process" in med and "worker" in med:
+            out["ratio_worker_process_worker"] = med["worker-process"] / med["worker"]
         if self.soak is not None:
             out["soak"] = self.soak
         return out
@@ -206,7 +217,9 @@ def bench_pipeline(
     return got / (t1 - (t0 or t1) + 1e-9)
 
 
-def bench_worker(cs: ConsumerSettings, n: int, batch_size: int = 256) -> tuple[float, float]:
+def bench_worker(
+    cs: ConsumerSettings, n: int, batch_size: int = 256, runtime: str = "thread"
+) -> tuple[float, float]:
     """The worker with the default model: samples/s and the fraction of time waiting for input."""
     from streamer.config import load_config
     from streamer.worker import Worker
@@ -218,6 +231,7 @@ def bench_worker(cs: ConsumerSettings, n: int, batch_size: int = 256) -> tuple[f
             "group": cs.group_id,
             "partitions": ",".join(str(p) for p in cs.partitions or ()),
             "shards": str(cs.num_shards),
+            "shard_runtime": runtime,
             "batch_size": str(batch_size),
             "pass_records": str(n),
             "stop_after_idle": "3",
@@ -307,6 +321,11 @@ def run_bench(
 ) -> BenchResult:
     """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times."""
     out = progress or sys.stderr
+    import tensorflow  # noqa: F401  (imported before the GC settings, as in the worker)
+
+    from streamer.gctune import tune_gc
+
+    tune_gc()  # every mode runs with the worker's GC settings
     if topic is None:
         topic = f"bench-{record_bytes}b-{uuid.uuid4().hex[:8]}"
         out.write(f"filling {topic} with {records:,} records of ~{record_bytes} B\n")
@@ -322,6 +341,7 @@ def run_bench(
             _settings(bootstrap, topic, parts, shards, runtime="process"), records
         ),
         "worker": lambda cs: bench_worker(cs, records),
+        "worker-process": lambda cs: bench_worker(cs, records, runtime="process"),
     }
     for r in range(repeats):
         # Rotate the order every repeat so that drift on a shared machine cancels out.
@@ -329,9 +349,9 @@ def run_bench(
         for mode in order:
             cs = _settings(bootstrap, topic, parts, shards)
             value = runners[mode](cs)
-            if mode == "worker":
+            if mode.startswith("worker"):
                 rate, wait = value
-                result.input_wait_fraction.append(wait)
+                result.input_wait_fraction.setdefault(mode, []).append(wait)
             else:
                 rate = value
             result.rates.setdefault(mode, []).append(rate)
@@ -360,6 +380,8 @@ def format_table(summary: dict[str, Any]) -> str:
         "ratio_pipeline_process_raw",
         "ratio_pipeline_process_naive",
         "worker_input_wait_fraction",
+        "ratio_worker_process_worker",
+        "worker_process_input_wait_fraction",
     ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")

@@ -161,9 +161,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--modes",
-        default="raw,naive,pipeline,pipeline-shuffle,pipeline-process,worker",
+        default="raw,naive,pipeline,pipeline-shuffle,pipeline-process,worker,worker-process",
         help="comma-separated subset of raw, naive, pipeline, pipeline-shuffle (a 10,000-record "
-        "shuffle window), pipeline-process (shards in child processes), worker [default: all six]",
+        "shuffle window), pipeline-process (shards in child processes), worker (the default "
+        "model, thread shards), worker-process (the same, shards in child processes) "
+        "[default: all seven]",
     )
     bench.add_argument(
         "--naive-records",

@@ -22,6 +22,7 @@ from consumers.shard import ShardHooks
 from streamer.config import WorkerConfig
 from streamer.evaluate import Evaluator
 from streamer.export import Exporter
+from streamer.gctune import tune_gc
 from streamer.health import Health, MetricsServer
 from streamer.metrics import Metrics
 from streamer.model import load_model
@@ -328,6 +329,7 @@ class Worker:
         self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
         self.probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
         self._model_built = True
+        tune_gc()  # start-up is done: its objects leave every later collection
         self._monitor = threading.Thread(target=self._watch, name="streamer-readiness", daemon=True)
         self._monitor.start()
 
@@ -361,7 +363,12 @@ class Worker:
                 batch_size=cfg.batch_size,
                 idle_timeout=min(2.0, cfg.pipeline_settings().idle_timeout_seconds),
             )
+            metrics.declare_eval_metrics(self.evaluator.metric_names)
         self._run_start_step = self._exported_step = self.step
+        # --eval-every-seconds counts from the first step of this run and then from the end of
+        # the previous evaluation (so a slow evaluation never runs back to back with the next).
+        self._eval_clock: float | None = None
+        self._evaluated_step = -1
 
     def _watch(self) -> None:
         """Every second: readiness (model built, broker reachable, partitions assigned) and queues."""
@@ -517,7 +524,7 @@ class Worker:
             self.profiler.after_step(self.step)
         if self.summaries is not None:
             self.summaries.observe(self.step, self.loss, samples, input_wait_seconds)
-        if self.evaluator is not None and self.step % cfg.eval_every_steps == 0:
+        if self.evaluator is not None and self._evaluation_due():
             self._evaluate()
         if self.exporter is not None and self.step % cfg.export_every_steps == 0:
             self._export()
@@ -535,26 +542,46 @@ class Worker:
         self._exported_step = self.step
         log.info("exported %s at step %d in %.2fs", path, self.step, time.monotonic() - t0)
 
+    def _evaluation_due(self) -> bool:
+        """Every --eval-every-steps steps, or --eval-every-seconds after the last evaluation;
+        at most once per step."""
+        cfg = self.config
+        if self.step == self._evaluated_step:
+            return False
+        if self.step % cfg.eval_every_steps == 0:
+            return True
+        seconds = cfg.eval_every_seconds
+        if seconds is None:
+            return False
+        now = time.monotonic()
+        if self._eval_clock is None:
+            self._eval_clock = now  # start-up (broker, group join) is not training time
+            return False
+        return now - self._eval_clock >= seconds
+
     def _evaluate(self) -> None:
         assert self.evaluator is not None and self.metrics is not None
+        self._evaluated_step = self.step
         t0 = time.monotonic()
         try:
             result = self.evaluator.evaluate()
         except (StreamerError, tf.errors.OpError) as exc:
             log.warning("evaluation at step %d failed: %s", self.step, exc)
-            return
+            result = None
+        # Also after a failed or empty evaluation: the next try waits its turn.
+        end = self._eval_clock = time.monotonic()
         if result is None:
             return
-        loss, records = result
-        self.metrics.observe_eval(loss)
+        self.metrics.observe_eval(result.loss, result.metrics)
         if self.summaries is not None:
-            self.summaries.eval_loss(self.step, loss)
+            self.summaries.eval_loss(self.step, result.loss, result.metrics)
         log.info(
-            "eval step=%d loss=%.5f records=%d seconds=%.2f",
+            "eval step=%d loss=%.5f records=%d seconds=%.2f%s",
             self.step,
-            loss,
-            records,
-            time.monotonic() - t0,
+            result.loss,
+            result.records,
+            end - t0,
+            "".join(f" {name}={value:.5f}" for name, value in result.metrics.items()),
         )
 
     # ---- commits and checkpoints ------------------------------------------------------------

@@ -51,6 +51,7 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
         "pipeline-shuffle",
         "pipeline-process",
         "worker",
+        "worker-process",
     }
     for mode, m in out["modes"].items():
         assert m["repeats"] == 2, mode
@@ -64,6 +65,8 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
     assert out["ratio_pipeline_naive"] > 0
     assert out["ratio_pipeline_shuffle_pipeline"] > 0
     assert 0 <= out["worker_input_wait_fraction"] <= 1
+    assert 0 <= out["worker_process_input_wait_fraction"] <= 1
+    assert out["ratio_worker_process_worker"] > 0
     soak = out["soak"]
     # Every soak pass reads the whole topic again: whole multiples of it, at least two passes.
     assert soak["passes"] >= 2 and soak["records"] == soak["passes"] * 3000, soak
