@@ -275,6 +275,13 @@ OPTIONS: tuple[Option, ...] = (
         group="online",
     ),
     Option("eval_every_steps", _I, 500, "evaluate every N steps", group="online"),
+    Option(
+        "eval_every_seconds",
+        _F,
+        None,
+        "... or when this many seconds passed since the last evaluation (unset: steps only)",
+        group="online",
+    ),
     Option("eval_records", _I, 2048, "records per evaluation", group="online"),
     Option(
         "logdir",
@@ -408,6 +415,7 @@ class WorkerConfig:
     start_from: str
     eval_topic: str | None
     eval_every_steps: int
+    eval_every_seconds: float | None
     eval_records: int
     logdir: str | None
     export_dir: str | None
@@ -466,6 +474,12 @@ class WorkerConfig:
         for name in ("eval_every_steps", "eval_records", "export_every_steps", "export_keep"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "a positive integer")
+        if self.eval_every_seconds is not None and not self.eval_every_seconds > 0:
+            raise ConfigError(
+                "eval_every_seconds",
+                self.eval_every_seconds,
+                "a positive number of seconds or unset",
+            )
         if self.shuffle_buffer < 0:
             raise ConfigError(
                 "shuffle_buffer", self.shuffle_buffer, "0 (off) or a number of records"

@@ -161,7 +161,9 @@ class Metrics:
     committed <= trained, so it is high watermark - trained. The trained offset is the highest
     trained offset + 1 within the current assignment (it never moves back while assigned).
 
-    ``eval_loss`` and ``model_loss`` read 0 until the first evaluation / step reports one.
+    ``eval_loss`` and ``model_loss`` read 0 until the first evaluation / step reports one;
+    ``eval_metric{metric}`` has one series per compiled metric of the model (declared at 0 when
+    evaluation is set up: ``declare_eval_metrics``), none without ``--eval-topic``.
     """
 
     def __init__(
@@ -283,6 +285,11 @@ class Metrics:
 
         # Model.
         self.eval_loss = gauge("eval_loss", "Loss of the last evaluation; 0 until the first.")
+        self.eval_metric = gauge(
+            "eval_metric",
+            "Each compiled metric of the model at the last evaluation; 0 until the first.",
+            ("metric",),
+        )
         self.model_loss = gauge("model_loss", "Training loss of the last step; 0 until the first.")
         self.build_info = gauge(
             "build_info",
@@ -451,8 +458,16 @@ class Metrics:
         if loss is not None:
             self.model_loss.set(loss)
 
-    def observe_eval(self, loss: float) -> None:
+    def declare_eval_metrics(self, names: Iterable[str]) -> None:
+        """Create ``eval_metric{metric=name}`` at 0 for each compiled metric (at start-up)."""
+        for name in names:
+            self.eval_metric.labels(name).set(0)
+
+    def observe_eval(self, loss: float, metrics: Mapping[str, float] | None = None) -> None:
+        """The last evaluation's loss and compiled metrics (by name)."""
         self.eval_loss.set(loss)
+        for name, value in (metrics or {}).items():
+            self.eval_metric.labels(name).set(value)
 
     def set_queue(self, stage: QueueStage, depth: int, capacity: int) -> None:
         """Records in ``stage`` (all shard queues together for "shard") and its capacity."""

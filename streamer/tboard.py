@@ -28,14 +28,15 @@ _SCALAR_METADATA = summary_pb2.SummaryMetadata(
 
 
 class TrainingSummaries:
-    """Loss, samples/s, input-wait fraction and lag every ``interval`` seconds; eval loss on call.
+    """Loss, samples/s, input-wait fraction and lag every ``interval`` seconds; eval on call.
 
     Per step the loop only adds numbers (``observe``); the file is written when an interval is
     due, so a step pays a clock read and an add.
 
     Tags: ``train/loss``, ``train/samples_per_second``, ``train/input_wait_fraction`` (time
     spent waiting for the next batch over the interval's wall time), ``kafka/consumer_lag_records``
-    (sum over assigned partitions) and ``eval/loss``.
+    (sum over assigned partitions), ``eval/loss`` and ``eval/<name>`` for each compiled metric
+    of the model (``eval/mae`` for the built-in one).
     """
 
     def __init__(self, logdir: str, interval: float, lag: Callable[[], float]) -> None:
@@ -74,8 +75,11 @@ class TrainingSummaries:
         )
         self._t, self._samples, self._wait = now, 0, 0.0
 
-    def eval_loss(self, step: int, loss: float) -> None:
-        self.scalars(step, {"eval/loss": loss})
+    def eval_loss(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
+        """``eval/loss`` and ``eval/<name>`` for each compiled metric, flushed at once."""
+        self.scalars(
+            step, {"eval/loss": loss, **{f"eval/{k}": v for k, v in (metrics or {}).items()}}
+        )
         self._writer.flush()
 
     def flush(self) -> None:

@@ -41,6 +41,10 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
         ({"schema": "/nonexistent/schema.toml"}, {}, "schema"),
         ({"model": "no_colon_here"}, {}, "model"),
         ({"auto_offset_reset": "sometimes"}, {}, "auto_offset_reset"),
+        ({"eval_every_seconds": "0"}, {}, "eval_every_seconds"),
+        ({}, {"STREAMER_EVAL_EVERY_SECONDS": "-5"}, "eval_every_seconds"),
+        ({"eval_every_seconds": "nan"}, {}, "eval_every_seconds"),
+        ({"eval_every_steps": "0"}, {}, "eval_every_steps"),
     ],
 )
 def test_invalid_settings_name_the_setting(
@@ -50,6 +54,13 @@ def test_invalid_settings_name_the_setting(
         load_config(args, env=env)
     assert info.value.setting == setting
     assert setting in str(info.value)
+
+
+def test_eval_every_seconds_is_optional_next_to_eval_every_steps() -> None:
+    default = load_config({}, env={})
+    assert (default.eval_every_steps, default.eval_every_seconds) == (500, None)
+    both = load_config({"eval_every_seconds": "30"}, env={"STREAMER_EVAL_EVERY_STEPS": "200"})
+    assert (both.eval_every_steps, both.eval_every_seconds) == (200, 30.0)
 
 
 def test_unknown_key_in_config_file(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import io
+import itertools
 import math
 import os
 import re
@@ -23,16 +24,30 @@ import pytest
 import tensorflow as tf
 
 from streamer.config import load_config
+from streamer.evaluate import Evaluator
 from streamer.export import INFO_FILE, Exporter, read_info
 from streamer.model import load_model
 from streamer.simulator import SimulatorTask, produce
+from streamer.train import Trainer
 from streamer.worker import Worker
-from tests.workerutil import WorkerProcess, committed_offsets, end_offsets, worker_args
+from tests.workerutil import (
+    RateProducer,
+    WorkerProcess,
+    committed_offsets,
+    end_offsets,
+    free_port,
+    http_get,
+    worker_args,
+)
 
 START_S = 120  # TensorFlow import + group join on a loaded 2-core machine
 
 _EXPORTED = re.compile(r"exported \S+ at step (\d+) in ([\d.]+)s")
 _EVAL = re.compile(r"eval step=(\d+) loss=(\S+) records=(\d+) seconds=([\d.]+)")
+_EVAL_LINE = re.compile(
+    r"^(\S+ \S+) INFO \S+: eval step=(\d+) loss=(\S+) records=(\d+) seconds=\S+ mae=(\S+)$",
+    re.M,
+)
 
 
 # ---- helpers ----------------------------------------------------------------------------------
@@ -365,3 +380,170 @@ def test_eval_topic_needs_kafka(tmp_path: Path) -> None:
     code, _worker, log = run_in_process(max_steps=5, eval_topic="held-out")
     assert code == 1
     assert "eval_topic" in log and "needs --bootstrap" in log, log
+
+
+# ---- 6. compiled metrics and --eval-every-seconds ---------------------------------------------
+
+
+def read_topic(bootstrap: str, topic: str, n: int) -> dict[str, np.ndarray]:
+    """Every simulator record of ``topic`` (``n`` of them), decoded with msgpack."""
+    import msgpack
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=10_000,
+    )
+    try:
+        values = [msgpack.unpackb(m.value) for m in consumer]
+    finally:
+        consumer.close(autocommit=False)
+    assert len(values) == n, len(values)
+    x = np.stack([np.frombuffer(v["x"], "<f4") for v in values])
+    return {"x": x, "y": np.asarray([v["y"] for v in values], np.float32)}
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(180)
+def test_evaluator_computes_the_compiled_metric_over_the_held_out_records(
+    kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    eval_topic = make_topic(2, prefix="eval")
+    produce(kafka_bootstrap, eval_topic, 700, partitions=2, seed=5)
+    cfg = load_config({"bootstrap": kafka_bootstrap, "topic": "unused"}, env={})
+    bundle = load_model(None, SimulatorTask().schema())
+    trainer = Trainer(bundle)
+    # Some training first, so the predictions are not all near 0.
+    rng = np.random.default_rng(1)
+    for _ in range(30):
+        trainer.step(SimulatorTask().sample(128, rng))
+    # records > the topic: the whole topic, every time (idle timeout ends the pass).
+    evaluator = Evaluator(
+        cfg.consumer_settings(),
+        eval_topic,
+        SimulatorTask().schema(),
+        trainer,
+        records=1000,
+        batch_size=128,
+        idle_timeout=1.0,
+    )
+    try:
+        assert evaluator.metric_names == ("mae",)
+        first = evaluator.evaluate()
+        second = evaluator.evaluate()
+    finally:
+        evaluator.close()
+    assert first is not None and second is not None
+    data = read_topic(kafka_bootstrap, eval_topic, 700)
+    pred = np.asarray(bundle.model({"x": tf.constant(data["x"])}))
+    mse = float(np.mean((pred - data["y"]) ** 2))
+    mae = float(np.mean(np.abs(pred - data["y"])))
+    for result in (first, second):  # the metric state is reset between evaluations
+        assert result.records == 700
+        assert set(result.metrics) == {"mae"}
+        assert result.loss == pytest.approx(mse, rel=1e-4), (result, mse)
+        assert result.metrics["mae"] == pytest.approx(mae, rel=1e-4), (result, mae)
+    print(f"evaluator: 700 records, loss {first.loss:.5f} (numpy {mse:.5f}), mae {mae:.5f}")
+
+
+def _log_time(stamp: str) -> float:
+    import datetime
+
+    return datetime.datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(300)
+def test_eval_every_seconds_exports_compiled_metrics_to_prometheus_and_tensorboard(
+    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
+) -> None:
+    import shutil
+    import subprocess
+
+    topic = make_topic(2)
+    eval_topic = make_topic(1, prefix="eval")
+    produce(kafka_bootstrap, eval_topic, 600, partitions=1, seed=99)
+    every_s = 1.5
+    logdir = tmp_path / "tb"
+    port = free_port()
+    # The step condition can never be due: every evaluation is triggered by the clock.
+    extra = ["--eval-topic", eval_topic, "--eval-every-steps", "1000000"]
+    extra += ["--eval-every-seconds", str(every_s), "--eval-records", "512"]
+    extra += ["--logdir", str(logdir), "--metrics-port", str(port)]
+    producer = RateProducer(kafka_bootstrap, topic, rate=2_000)
+    producer.start()
+    worker = WorkerProcess.start(
+        worker_args(
+            kafka_bootstrap,
+            topic,
+            group_id,
+            None,
+            shards=1,
+            batch_size=64,
+            stop_after_idle=3,
+            extra=extra,
+        ),
+        tmp_path / "worker.log",
+    )
+    try:
+        worker.wait_for(
+            lambda: len(_EVAL_LINE.findall(worker.log())) >= 4, START_S + 60, "four evaluations"
+        )
+        status, body = http_get(f"http://127.0.0.1:{port}/metrics")
+        logged = _EVAL_LINE.findall(worker.log())
+    finally:
+        producer.stop()
+    assert worker.wait(START_S) == 0, worker.tail()
+    assert status == 200, body
+    evals = [
+        (_log_time(t), int(s), float(x), int(n), float(m))
+        for t, s, x, n, m in _EVAL_LINE.findall(worker.log())
+    ]
+    assert len(evals) >= 4, worker.tail()
+    steps = [s for _, s, *_ in evals]
+    assert steps == sorted(set(steps)) and steps[0] > 0, f"once per step at most: {steps}"
+    gaps = [b[0] - a[0] for a, b in itertools.pairwise(evals)]
+    # Logged at the end of each evaluation; the next one starts every_s after that end.
+    assert min(gaps) >= every_s - 0.01, gaps
+    assert all(n == 512 for *_, n, _ in evals), evals
+    for _, _, loss, _, mae in evals:
+        # Same records: MAE <= RMSE (up to the log's rounding), positive (the task has noise).
+        assert mae > 0 and mae**2 <= loss + 2e-5, (loss, mae)
+    # Prometheus: the last evaluation before the scrape, as a gauge per metric.
+    scraped = {
+        name: float(value)
+        for name, value in re.findall(
+            r"^(streamer_eval_loss|streamer_eval_metric\{metric=\"mae\"\}) (\S+)$", body, re.M
+        )
+    }
+    assert set(scraped) == {"streamer_eval_loss", 'streamer_eval_metric{metric="mae"}'}, body
+    at_scrape = [(float(x), float(m)) for _, _, x, _, m in logged]
+    assert any(
+        abs(scraped["streamer_eval_loss"] - x) < 1e-4
+        and abs(scraped['streamer_eval_metric{metric="mae"}'] - m) < 1e-4
+        for x, m in at_scrape
+    ), (scraped, at_scrape)
+    promtool = shutil.which("promtool")
+    if promtool is not None:
+        check = subprocess.run(
+            [promtool, "check", "metrics"],
+            input=body,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert check.returncode == 0, check.stdout + check.stderr
+    # TensorBoard: eval/loss and eval/mae at every evaluation's step.
+    scalars = read_scalars(logdir)
+    tb_loss, tb_mae = dict(scalars["eval/loss"]), dict(scalars["eval/mae"])
+    assert sorted(tb_loss) == sorted(tb_mae) == steps, (tb_loss, tb_mae, steps)
+    assert all(abs(tb_mae[s] - m) < 1e-4 for _, s, _, _, m in evals), (tb_mae, evals)
+    print(
+        f"eval every {every_s}s: {len(evals)} evaluations at steps {steps}, gaps "
+        f"{min(gaps):.2f}-{max(gaps):.2f}s, loss {evals[0][2]:.4f} -> {evals[-1][2]:.4f}, "
+        f"mae {evals[0][4]:.4f} -> {evals[-1][4]:.4f}; sent {producer.sent} records"
+    )
