@@ -44,6 +44,14 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # "Task ran for 0.1s ... blocking the event loop": kafka-python's IO thread noticing that
     # another thread held the GIL (decode, training). Expected in a busy worker, not an error.
     logging.getLogger("kafka.net.selector").setLevel(max(logging.ERROR, root.level))
+    # "Metadata refresh: failed Cancelled": a consumer closed (every pass end, every
+    # evaluation) while its metadata request was in flight. Not a failure.
+    logging.getLogger("kafka.cluster").addFilter(_drop_cancelled_refresh)
+
+
+def _drop_cancelled_refresh(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not ("Metadata refresh" in message and "Cancelled" in message)
 
 
 def _quiet_tensorflow() -> None:

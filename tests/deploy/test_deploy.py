@@ -59,6 +59,7 @@ METRICS: dict[str, str] = {
     "streamer_checkpoints_total": "counter",
     "streamer_last_checkpoint_timestamp_seconds": "gauge",
     "streamer_eval_loss": "gauge",
+    "streamer_eval_metric": "gauge",
     "streamer_model_loss": "gauge",
     "streamer_build_info": "gauge",
 }

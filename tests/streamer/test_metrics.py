@@ -19,7 +19,16 @@ from streamer.metrics import (
 
 TOPIC = "rollouts"
 NOW = 1_700_000_000.0
-ALLOWED_LABELS = {"topic", "partition", "reason", "stage", "result", "event", "type"}
+ALLOWED_LABELS = {
+    "topic",
+    "partition",
+    "reason",
+    "stage",
+    "result",
+    "event",
+    "type",
+    "metric",
+}
 PER_PARTITION = (
     "streamer_partition_high_watermark_offset",
     "streamer_partition_position_offset",
