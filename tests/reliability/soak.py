@@ -1,0 +1,335 @@
+"""Soak (issue 6): broker restarts and worker kills, alternating at random, for N minutes; then
+drain and check that every record in the topic was trained (zero lost).
+
+Not a pytest test (the file name does not match ``test_*.py``, and it refuses to run under
+pytest): a documented command for a quiet machine, from the repository root::
+
+    python -m tests.reliability.soak --minutes 10
+    python tests/reliability/soak.py --minutes 10 --seed 7 --keep
+
+It starts a private broker (``deploy/local/kafka.sh`` with its own state folder, never the
+shared broker), a producer thread producing continuously, and one real worker process
+(``streamer run --audit-log``). Events alternate: the broker is SIGKILLed or SIGTERMed, stays
+down for a random while and is started again on the same ports and data; then the worker is
+SIGKILLed or SIGTERMed and started again (same group and worker id); with a random gap in
+between. Every worker incarnation writes its own audit file. At the end the producer stops,
+the broker and a worker are up, the worker drains the topic, and every offset below each
+partition's end offset must be in some audit file. Prints a summary; exits 1 on any loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: make the repository root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.reliability.brokers import PrivateBroker
+from tests.reliability.relutil import error_lines, start_worker
+from tests.workerutil import WorkerProcess, end_offsets, worker_args
+
+PARTITIONS = 4
+
+
+def _say(msg: str) -> None:
+    print(f"[soak {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+class Producer(threading.Thread):
+    """Produces simulator records at about ``rate`` per second until stopped; counts acks.
+
+    Sends that fail after the producer's own retries (the broker down for longer than the
+    delivery timeout) are counted, not retried: those records never entered the topic.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, rate: float, seed: int) -> None:
+        super().__init__(name="soak-producer", daemon=True)
+        self.bootstrap, self.topic, self.rate, self.seed = bootstrap, topic, rate, seed
+        self.sent = self.acked = self.failed = 0
+        self.error: BaseException | None = None
+        self._stop_event = threading.Event()
+        self._lock = threading.Lock()
+
+    def _ok(self, _meta: Any) -> None:
+        with self._lock:
+            self.acked += 1
+
+    def _failed(self, _exc: BaseException) -> None:
+        with self._lock:
+            self.failed += 1
+
+    def run(self) -> None:
+        import numpy as np
+        from kafka import KafkaProducer
+        from kafka.errors import KafkaError
+
+        from streamer.simulator import SimulatorTask
+
+        task = SimulatorTask()
+        rng = np.random.default_rng(self.seed)
+        chunk = max(1, int(self.rate / 10))
+        try:
+            producer = KafkaProducer(
+                bootstrap_servers=self.bootstrap,
+                acks="all",
+                linger_ms=20,
+                request_timeout_ms=10_000,
+                max_block_ms=20_000,
+            )
+            try:
+                t0 = time.monotonic()
+                while not self._stop_event.is_set():
+                    wait = t0 + self.sent / self.rate - time.monotonic()
+                    if wait > 0 and self._stop_event.wait(wait):
+                        break
+                    for value in task.records(chunk, rng):
+                        try:
+                            future = producer.send(self.topic, value=value)
+                        except KafkaError:  # buffer full while the broker is down
+                            self._failed(RuntimeError("send blocked"))
+                            continue
+                        future.add_callback(self._ok)
+                        future.add_errback(self._failed)
+                    self.sent += chunk
+                producer.flush(timeout=180)
+            finally:
+                producer.close(timeout=60)
+        except BaseException as exc:
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(300)
+        if self.is_alive():
+            raise RuntimeError("the producer thread did not stop")
+        if self.error is not None:
+            raise self.error
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, work: Path) -> None:
+        self.args = args
+        self.work = work
+        self.rng = random.Random(args.seed)
+        self.broker = PrivateBroker(work / "broker")
+        (work / "broker").mkdir(parents=True)
+        self.topic = f"soak-{uuid.uuid4().hex[:8]}"
+        self.group = f"g-{self.topic}"
+        self.workers: list[WorkerProcess] = []
+        self.events: Counter[str] = Counter()
+
+    # ---- parts --------------------------------------------------------------------------------
+
+    @property
+    def worker(self) -> WorkerProcess:
+        return self.workers[-1]
+
+    def audit(self, n: int) -> Path:
+        return self.work / f"audit-{n}.csv"
+
+    def start_worker(self) -> None:
+        n = len(self.workers)
+        args = worker_args(
+            self.broker.plaintext,
+            self.topic,
+            self.group,
+            self.audit(n),
+            shards=2,
+            batch_size=16,
+            stop_after_idle=None,
+            extra=["--idle-timeout", "3", "--commit-every-seconds", "1"],
+        )
+        self.workers.append(start_worker(args, self.work / f"worker-{n}.log"))
+
+    def stop_worker(self, how: str) -> None:
+        w = self.worker
+        if how == "SIGTERM":
+            w.terminate()
+            try:
+                w.proc.wait(120)
+            except subprocess.TimeoutExpired:
+                _say("worker did not stop within 120 s of SIGTERM: SIGKILL")
+                self.events["worker SIGTERM timeouts"] += 1
+                w.kill()
+        else:
+            w.kill()
+
+    def trained(self) -> Counter[tuple[int, int]]:
+        """(partition, offset) -> times trained, over every worker's audit file."""
+        counts: Counter[tuple[int, int]] = Counter()
+        for n in range(len(self.workers)):
+            try:
+                text = self.audit(n).read_text(encoding="ascii")
+            except FileNotFoundError:
+                continue
+            for line in text.split("\n")[:-1]:  # the last element: "" or a line cut by SIGKILL
+                _, p, o = line.rsplit(",", 2)
+                counts[int(p), int(o)] += 1
+        return counts
+
+    # ---- the run ------------------------------------------------------------------------------
+
+    def chaos(self, until: float) -> None:
+        turn = 0
+        while True:
+            gap = self.rng.uniform(self.args.min_gap, self.args.max_gap)
+            if time.monotonic() + gap >= until:
+                break
+            deadline = time.monotonic() + gap
+            while time.monotonic() < deadline:
+                if not self.worker.alive():
+                    code = self.worker.proc.returncode
+                    _say(f"worker exited by itself (code {code}): starting another")
+                    self.events["worker exits (unexpected)"] += 1
+                    self.start_worker()
+                time.sleep(0.5)
+            if turn % 2 == 0:
+                how = self.rng.choice(["SIGKILL", "SIGTERM"])
+                down = self.rng.uniform(self.args.min_down, self.args.max_down)
+                _say(f"broker {how}, down for {down:.1f}s")
+                if how == "SIGKILL":
+                    self.broker.kill()
+                else:
+                    self.broker.stop()
+                time.sleep(down)
+                self.broker.start()
+                self.events[f"broker restarts ({how})"] += 1
+                _say("broker back")
+            else:
+                how = self.rng.choice(["SIGKILL", "SIGTERM"])
+                _say(f"worker {how}")
+                self.stop_worker(how)
+                self.events[f"worker kills ({how})"] += 1
+                self.start_worker()
+            turn += 1
+
+    def drain(self, expected: set[tuple[int, int]]) -> float:
+        t0 = time.monotonic()
+        deadline = t0 + self.args.drain_timeout
+        while True:
+            if not self.worker.alive():
+                _say(f"worker exited during the drain (code {self.worker.proc.returncode})")
+                self.events["worker exits (unexpected)"] += 1
+                self.start_worker()
+            if not expected - self.trained().keys():
+                return time.monotonic() - t0
+            if time.monotonic() > deadline:
+                return float("nan")
+            time.sleep(1.0)
+
+    def run(self) -> int:
+        args = self.args
+        t_start = time.monotonic()
+        _say(f"work folder {self.work}; starting a private broker")
+        self.broker.start()
+        from streamer.simulator import produce
+
+        produce(self.broker.plaintext, self.topic, 0, partitions=PARTITIONS)  # creates it
+        producer = Producer(self.broker.plaintext, self.topic, args.rate, args.seed)
+        producer.start()
+        self.start_worker()
+        until = t_start + args.minutes * 60
+        self.chaos(until)
+        while time.monotonic() < until:
+            time.sleep(0.5)
+        _say("chaos over: stopping the producer and draining")
+        producer.stop()
+        if not self.broker.running():
+            self.broker.start()
+        ends = end_offsets(self.broker.plaintext, self.topic)
+        expected = {(p, o) for p, end in ends.items() for o in range(end)}
+        drain_s = self.drain(expected)
+        self.stop_worker("SIGTERM")
+        counts = self.trained()
+        missing = sorted(expected - counts.keys())
+        extra = sorted(counts.keys() - expected)
+        errors = [ln for w in self.workers for ln in error_lines(w.log())]
+        elapsed = time.monotonic() - t_start
+        summary = {
+            "elapsed_s": round(elapsed, 1),
+            "records_sent": producer.sent,
+            "records_acked": producer.acked,
+            "sends_failed": producer.failed,
+            "records_in_topic": len(expected),
+            "trained_unique": len(counts.keys() & expected),
+            "trained_total": sum(counts.values()),
+            "duplicates": sum(n - 1 for n in counts.values() if n > 1),
+            "lost": len(missing),
+            "unknown_trained": len(extra),
+            "broker_restarts": sum(n for k, n in self.events.items() if k.startswith("broker")),
+            "worker_kills": sum(n for k, n in self.events.items() if k.startswith("worker kills")),
+            "drain_s": round(drain_s, 1),
+            "worker_error_lines": len(errors),
+        }
+        print("\nsoak summary")
+        for key, value in summary.items():
+            print(f"  {key:20s} {value}")
+        for key, value in sorted(self.events.items()):
+            print(f"  {key:28s} {value}")
+        if missing:
+            print(f"  LOST (first 20): {missing[:20]}")
+        if errors:
+            print("  worker ERROR lines (first 10):")
+            for line in errors[:10]:
+                print(f"    {line[:200]}")
+        # Acked by the broker but not in the topic would be loss before the worker.
+        ok = not missing and producer.acked <= len(expected)
+        print(f"\nsoak {'PASSED: zero lost records' if ok else 'FAILED'}")
+        return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    if "PYTEST_CURRENT_TEST" in os.environ:
+        raise RuntimeError("tests/reliability/soak.py is a command, not a pytest test")
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.reliability.soak",
+        description="Broker restarts and worker kills for N minutes, then check zero lost.",
+    )
+    parser.add_argument("--minutes", type=float, default=10.0, help="chaos duration")
+    parser.add_argument("--rate", type=float, default=300.0, help="records produced per second")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    parser.add_argument("--min-gap", type=float, default=10.0, help="seconds between events")
+    parser.add_argument("--max-gap", type=float, default=30.0)
+    parser.add_argument("--min-down", type=float, default=1.0, help="broker downtime seconds")
+    parser.add_argument("--max-down", type=float, default=10.0)
+    parser.add_argument("--drain-timeout", type=float, default=300.0)
+    parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
+    args = parser.parse_args(argv)
+    if args.seed is None:
+        args.seed = random.randrange(1_000_000)
+    for tool in ("java", "bash"):
+        if shutil.which(tool) is None:
+            parser.error(f"needs {tool} on PATH")
+    print(f"soak: seed {args.seed}, {args.minutes:g} minutes, {args.rate:g} records/s")
+    work = Path(tempfile.mkdtemp(prefix="streamer-soak-"))
+    soak = Soak(args, work)
+    code = 1
+    try:
+        code = soak.run()
+    finally:
+        for w in soak.workers:
+            if w.alive():
+                w.signal(signal.SIGKILL)
+        soak.broker.clean()
+        if args.keep or code != 0:
+            print(f"logs kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
