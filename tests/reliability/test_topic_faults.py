@@ -152,3 +152,103 @@ def test_topic_deleted_mid_stream_not_ready_quiet_log_then_trains_the_new_topic(
     assert not missing, f"records of the recreated topic never trained: {summarize(missing)}"
     extra = sorted(trained_new.keys() - expected_new)
     assert not extra, f"trained after the deletion but not in the new topic: {summarize(extra)}"
+
+
+# ---- offset out of range: retention deleted records while the worker was down -------------
+
+
+@pytest.mark.timeout(420)
+def test_records_deleted_while_the_worker_was_down_reset_policy_counted_and_logged(
+    kafka_bootstrap: str, kafka_admin: Any, tmp_path: Path
+) -> None:
+    """A worker trains a topic and stops; more records arrive and retention deletes most of
+    them (KafkaAdminClient.delete_records) past the group's committed offsets. The next
+    worker applies --auto-offset-reset earliest: it trains exactly what is left, counts
+    kafka_errors_total{type="offset_out_of_range"} once per partition and logs an ERROR per
+    partition naming the committed offset that is gone (upstream data loss)."""
+    from kafka import TopicPartition
+
+    topic = f"retention-{uuid.uuid4().hex[:10]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    produce(kafka_bootstrap, topic, 600, partitions=2)
+    first = start_worker(
+        worker_args(
+            kafka_bootstrap,
+            topic,
+            group,
+            tmp_path / "audit-1.csv",
+            shards=2,
+            batch_size=50,
+            stop_after_idle=5,
+            extra=["--idle-timeout", "3"],
+        ),
+        tmp_path / "worker-1.log",
+    )
+    try:
+        assert first.wait(240) == 0, first.tail()
+    finally:
+        first.kill()
+    committed = _committed(kafka_bootstrap, group, topic)
+    assert committed == end_offsets(kafka_bootstrap, topic), committed
+    produce(kafka_bootstrap, topic, 1000, partitions=2, seed=1)
+    ends = end_offsets(kafka_bootstrap, topic)
+    low = {p: end - 100 for p, end in ends.items()}  # keep the last 100 of each partition
+    assert all(low[p] > committed[p] for p in ends), (low, committed)
+    kafka_admin.delete_records({TopicPartition(topic, p): o for p, o in low.items()})
+
+    audit = tmp_path / "audit-2.csv"
+    second = start_worker(
+        worker_args(
+            kafka_bootstrap,
+            topic,
+            group,
+            audit,
+            shards=2,
+            batch_size=50,
+            stop_after_idle=None,
+            extra=[
+                "--idle-timeout",
+                "3",
+                "--metrics-port",
+                str(free_port()),
+                "--auto-offset-reset",
+                "earliest",
+            ],
+        ),
+        tmp_path / "worker-2.log",
+    )
+    try:
+        base = metrics_base(second)
+        second.wait_for(lambda: audit_lines(audit) >= 200, 240, "the 200 records left")
+        second.wait_for(lambda: _kafka_errors(base, "offset_out_of_range") >= 2, 60, "the count")
+        time.sleep(2)  # nothing more arrives
+        out_of_range = _kafka_errors(base, "offset_out_of_range")
+        second.terminate()
+        code = second.wait(90)
+    finally:
+        second.kill()
+        kafka_admin.delete_topics([topic])
+    assert code == 0, second.tail()
+    assert out_of_range == 2, out_of_range
+    trained = Counter(
+        (int(p), int(o))
+        for _, p, o in (ln.rsplit(",", 2) for ln in audit.read_text("ascii").splitlines())
+    )
+    expected = {(p, o) for p in ends for o in range(low[p], ends[p])}
+    assert set(trained) == expected, sorted(set(trained) ^ expected)[:10]
+    loud = [ln for ln in error_lines(second.log()) if "out of range" in ln]
+    for p, off in committed.items():
+        assert any(f"offset {off} of {topic} partition {p} is out of range" in ln for ln in loud), (
+            p,
+            off,
+            loud,
+        )
+    assert "auto_offset_reset=earliest" in loud[0]
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
+    from tests.workerutil import committed_offsets
+
+    out = committed_offsets(bootstrap, group, topic)
+    assert all(v is not None for v in out.values()), out
+    return {p: int(v) for p, v in out.items() if v is not None}
