@@ -267,7 +267,12 @@ class Shard:
         self._started = threading.Event()
         self._closed = False
         self._position: dict[int, int] = {}
-        self._unseeded: set[int] = set()  # assigned partitions whose group commit is not read yet
+        self._unseeded: set[int] = set()
+        self._stable = True  # group mode: this member is STABLE (set by the poller)
+        self._unstable_since: float | None = None
+        self._stuck_after_s = (
+            settings.session_timeout_ms / 1000 + 10.0
+        )  # assigned partitions whose group commit is not read yet
         self._commit_failures = 0
         self._commit_warned_at = -1e9
         self._missing_since: tuple[float, int] | None = None  # (when, metadata refresh) of a gap
@@ -394,8 +399,12 @@ class Shard:
 
     @property
     def joining(self) -> bool:
-        """True while the shard waits for the other shards of its pass to join the group."""
-        return not self._joined
+        """True while the shard waits for the group: its pass's join, or a rebalance under way.
+
+        The pass's idle timeout does not run meanwhile: a shard without a stable assignment
+        is waiting for the group, not for records.
+        """
+        return not self._joined or not self._stable
 
     @property
     def queued_records(self) -> int:
@@ -497,10 +506,57 @@ class Shard:
             self._emit(polled)
             if self._unseeded:
                 self._read_group_commits()
+            if self._rebalance_stuck(consumer):
+                self._reopen_stuck(consumer)
+                return True
             if not self._stop.is_set() and self._topic_gone(consumer):
                 self._drop_topic(consumer)
                 return True
         return False
+
+    def _rebalance_stuck(self, consumer: Any) -> bool:
+        """True when this member has not been STABLE in the group for ``_stuck_after_s``.
+
+        Seen with kafka-python 3.0.12 against Kafka 4.x: a member revoked for a rebalance
+        right after its first assignment sometimes never completes the rejoin (no
+        assignment, no error) until its consumer is recreated. A legitimate rebalance waits
+        at most for a departed static member's session to expire, so the limit is
+        session_timeout_ms plus a margin.
+        """
+        if self.settings.mode != "group":
+            return False
+        meta = consumer.group_metadata()
+        stable = meta.state is MemberState.STABLE and meta.generation_id >= 0
+        self._stable = stable
+        now = time.monotonic()
+        if stable or self._unstable_since is None:
+            self._unstable_since = None if stable else now
+            return False
+        return now - self._unstable_since >= self._stuck_after_s
+
+    def _reopen_stuck(self, consumer: Any) -> None:
+        """Close a consumer stuck outside the group; the poller opens a fresh one (same ids)."""
+        with self._cond:
+            partitions = sorted(self._assigned_set)
+        log.warning(
+            "shard %d: not a stable member of group %r for %.0fs (kafka-python did not "
+            "complete the rejoin); recreating its consumer",
+            self.shard_index,
+            self.settings.group_id,
+            self._stuck_after_s,
+        )
+        self.hooks.on_error("rebalance_stuck", TimeoutError("rejoin did not complete"))
+        if partitions:
+            self._revoked(partitions, lost=True)  # nothing trained from them can be committed now
+        with self._cond:
+            self._consumer = None
+            self._unseeded.clear()
+            self._paused_count = 0
+        self._unstable_since = None
+        try:
+            consumer.close(autocommit=False, timeout_ms=5000)
+        except Exception as exc:
+            log.debug("shard %d: closing the stuck consumer: %r", self.shard_index, exc)
 
     def _topic_gone(self, consumer: Any) -> bool:
         """True once the client's metadata has lacked the topic for a second of refreshes.

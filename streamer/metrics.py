@@ -47,6 +47,7 @@ KafkaErrorType = Literal[
     "offset_out_of_range",
     "commit",
     "dead_letter",
+    "rebalance_stuck",
     "other",
 ]
 QueueStage = Literal["shard", "prefetch"]
