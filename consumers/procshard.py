@@ -98,6 +98,9 @@ class _ChildHooks(ShardHooks):
     def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
         self._send(("group_committed", offsets))
 
+    def on_topic_missing(self, shard_index: int, missing: bool) -> None:
+        self._send(("topic_missing", missing))
+
 
 class _RemoteBarrier:
     """The child's view of the parent's JoinBarrier: reports go up, the release comes down."""
@@ -217,6 +220,7 @@ class ProcessShard:
         self._closed = False
         self._child_closed = threading.Event()
         self.failed: BaseException | None = None
+        self.topic_missing = False  # the child's shard says so (readiness)
         self.last_record_monotonic = time.monotonic()
         self.last_rebalance_monotonic = time.monotonic()
         self._proc: Any = None
@@ -311,6 +315,9 @@ class ProcessShard:
                 self.hooks.on_paused(self.shard_index, msg[1])
             elif kind == "group_committed":
                 self.hooks.on_group_committed(self.shard_index, msg[1])
+            elif kind == "topic_missing":
+                self.topic_missing = bool(msg[1])
+                self.hooks.on_topic_missing(self.shard_index, self.topic_missing)
             elif kind == "barrier" and self._barrier is not None:
                 if self._barrier.report(self.shard_index, msg[1]):
                     self._release()

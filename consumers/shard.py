@@ -147,6 +147,9 @@ class ShardHooks:
     def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
         """The group's committed offsets of newly assigned partitions (where this shard starts)."""
 
+    def on_topic_missing(self, shard_index: int, missing: bool) -> None:
+        """The topic stopped (True) or started again (False) to exist for this shard."""
+
 
 def open_consumer(
     settings: ConsumerSettings, shard_index: int, factory: ConsumerFactory = KafkaConsumer
@@ -277,7 +280,7 @@ class Shard:
         self._commit_warned_at = -1e9
         self._missing_since: tuple[float, int] | None = None  # (when, metadata refresh) of a gap
         #: True while the topic does not exist (deleted mid-stream, or not created again yet).
-        self.topic_missing = False
+        self._topic_missing = False
         self.last_record_monotonic = time.monotonic()
         self.last_rebalance_monotonic = time.monotonic()
         self.records_polled = 0
@@ -396,6 +399,17 @@ class Shard:
     def assigned(self) -> frozenset[int]:
         with self._cond:
             return frozenset(self._assigned_set)
+
+    @property
+    def topic_missing(self) -> bool:
+        """True while the topic does not exist (deleted, or not created yet): not ready."""
+        return self._topic_missing
+
+    @topic_missing.setter
+    def topic_missing(self, missing: bool) -> None:
+        if missing != self._topic_missing:
+            self._topic_missing = missing
+            self.hooks.on_topic_missing(self.shard_index, missing)
 
     @property
     def joining(self) -> bool:

@@ -263,46 +263,65 @@ def _rss_mib() -> float:
 
 
 def soak(bootstrap: str, topic: str, shards: int, seconds: float, out: IO[str]) -> dict[str, float]:
-    """Read the topic again and again through the pipeline for ``seconds``; RSS at start and end.
+    """Read the topic again and again through the pipeline for ``seconds``: resident memory.
 
-    Each pass opens fresh shards in static mode from the beginning (a new group each time), so
-    the input runs at full rate for the whole soak and every pass exercises set-up and clean-up.
+    Like the worker: one source and one dataset, iterated once per pass (every pass opens fresh
+    shards in static mode and, committing nothing, reads the topic from its beginning at full
+    rate). The baseline is taken after a warm-up (a tenth of the soak, at most 60 s: allocator
+    arenas and TensorFlow's pools fill first); the report gives the growth from there, the
+    range, and a least-squares trend of RSS over time after the warm-up.
     """
     from streamer.settings import PipelineSettings
     from streamer.simulator import SimulatorTask
     from streamer.source import StreamSource
 
     parts = _partitions(bootstrap, topic)
-    schema = SimulatorTask().schema()
-    records = 0
-    passes = 0
-    start_rss: float | None = None
+    cs = _settings(bootstrap, topic, parts, shards)
+    source = StreamSource(
+        SimulatorTask().schema(),
+        PipelineSettings(num_shards=shards, batch_size=256, idle_timeout_seconds=2),
+        consumer=cs,
+    )
+    dataset = source.dataset()
+    warmup = min(60.0, seconds / 10)
+    records = passes = 0
+    samples: list[tuple[float, float]] = []  # (seconds since the baseline, RSS MiB)
     t0 = time.monotonic()
-    while time.monotonic() - t0 < seconds:
-        cs = _settings(bootstrap, topic, parts, shards)
-        source = StreamSource(
-            schema,
-            PipelineSettings(num_shards=shards, batch_size=256, idle_timeout_seconds=2),
-            consumer=cs,
-        )
-        for batch in source.dataset():
+    base_t: float | None = None
+    while True:
+        now = time.monotonic()
+        if base_t is not None and now - base_t >= seconds:
+            break
+        source.resume()
+        source.begin_pass()
+        for batch in dataset:
             records += int(batch["offset"].shape[0])
             source.tracker.ack(batch["partition"].numpy(), batch["offset"].numpy())
-        source.close()
+        source.end_pass()
         passes += 1
-        if start_rss is None:  # after the first pass: TensorFlow and the pools are warm
-            start_rss = _rss_mib()
-            t0 = time.monotonic()
-        out.write(f"  soak pass {passes}: {records:,} records, rss {_rss_mib():.0f} MiB\n")
+        now = time.monotonic()
+        if base_t is None and now - t0 >= warmup:
+            base_t = now
+        rss = _rss_mib()
+        if base_t is not None:
+            samples.append((now - base_t, rss))
+        out.write(f"  soak pass {passes}: {records:,} records, rss {rss:.0f} MiB\n")
         out.flush()
-    end_rss = _rss_mib()
+    source.close()
+    xs = np.array([x for x, _ in samples])
+    ys = np.array([y for _, y in samples])
+    slope = float(np.polyfit(xs, ys, 1)[0]) if len(samples) >= 3 else float("nan")
     return {
-        "seconds": time.monotonic() - t0,
+        "seconds": float(xs[-1]) if len(xs) else 0.0,
+        "warmup_seconds": warmup,
         "passes": passes,
         "records": records,
-        "rss_start_mib": start_rss or end_rss,
-        "rss_end_mib": end_rss,
-        "rss_growth_mib": end_rss - (start_rss or end_rss),
+        "rss_start_mib": float(ys[0]),
+        "rss_end_mib": float(ys[-1]),
+        "rss_growth_mib": float(ys[-1] - ys[0]),
+        "rss_min_mib": float(ys.min()),
+        "rss_max_mib": float(ys.max()),
+        "rss_trend_mib_per_hour": slope * 3600,
     }
 
 
@@ -388,7 +407,9 @@ def format_table(summary: dict[str, Any]) -> str:
     if "soak" in summary:
         sk = summary["soak"]
         lines.append(
-            f"soak: {sk['seconds']:.0f} s, {sk['records']:,} records, rss {sk['rss_start_mib']:.0f} -> "
-            f"{sk['rss_end_mib']:.0f} MiB (growth {sk['rss_growth_mib']:+.1f} MiB)"
+            f"soak: {sk['seconds']:.0f} s after {sk['warmup_seconds']:.0f} s of warm-up, "
+            f"{sk['records']:,} records, rss {sk['rss_start_mib']:.0f} -> {sk['rss_end_mib']:.0f} MiB "
+            f"(growth {sk['rss_growth_mib']:+.1f} MiB, range {sk['rss_min_mib']:.0f}-"
+            f"{sk['rss_max_mib']:.0f}, trend {sk['rss_trend_mib_per_hour']:+.0f} MiB/h)"
         )
     return "\n".join(lines)
