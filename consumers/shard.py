@@ -560,17 +560,28 @@ class Shard:
             self._stuck_after_s,
         )
         self.hooks.on_error("rebalance_stuck", TimeoutError("rejoin did not complete"))
+        self._unstable_since = None
+        # Without a stable generation nothing can be committed: drop what is owned.
+        self._discard_consumer(consumer, partitions, forget_offsets=False)
+
+    def _discard_consumer(
+        self, consumer: Any, partitions: list[int], *, forget_offsets: bool
+    ) -> None:
+        """Drop ``partitions`` as lost (no commit) and close ``consumer``; the poller may reopen."""
         if partitions:
-            self._revoked(partitions, lost=True)  # nothing trained from them can be committed now
+            self._revoked(partitions, lost=True)
         with self._cond:
             self._consumer = None
             self._unseeded.clear()
             self._paused_count = 0
-        self._unstable_since = None
+            if forget_offsets:
+                self._commits.clear()
+                self._rewind.clear()
+                self._position.clear()
         try:
             consumer.close(autocommit=False, timeout_ms=5000)
-        except Exception as exc:
-            log.debug("shard %d: closing the stuck consumer: %r", self.shard_index, exc)
+        except Exception as exc:  # best effort: the client may be in any state
+            log.debug("shard %d: closing the consumer: %r", self.shard_index, exc)
 
     def _topic_gone(self, consumer: Any) -> bool:
         """True once the client's metadata has lacked the topic for a second of refreshes.
@@ -611,19 +622,8 @@ class Shard:
         _missing_topic_notice(self._topic)  # the next "does not exist" line waits 30 s
         self.topic_missing = True
         self.hooks.on_error("topic_missing", TopicNotFoundError(self._topic))
-        if partitions:
-            self._revoked(partitions, lost=True)
-        with self._cond:
-            self._consumer = None
-            self._commits.clear()  # offsets of the deleted topic mean nothing now
-            self._rewind.clear()
-            self._position.clear()
-            self._unseeded.clear()
-            self._paused_count = 0
-        try:
-            consumer.close(autocommit=False, timeout_ms=5000)
-        except Exception as exc:  # closing a client of a deleted topic: best effort
-            log.debug("shard %d: closing the consumer: %r", self.shard_index, exc)
+        # Offsets of the deleted topic mean nothing for the new one.
+        self._discard_consumer(consumer, partitions, forget_offsets=True)
 
     def _read_group_commits(self) -> None:
         """Report the group's committed offsets of new partitions (outside the rebalance callback).

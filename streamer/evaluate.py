@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import keras
 import tensorflow as tf
 
-from consumers.errors import StreamerError, TopicNotFoundError
+from consumers.errors import TopicNotFoundError
 from consumers.settings import ConsumerSettings
 from streamer.schema import Schema
 from streamer.settings import PipelineSettings
@@ -238,15 +238,9 @@ class Evaluator:
         iterator = iter(self._dataset)
         try:
             while seen < self.records and not self._stopped:
-                try:
-                    batch: dict[str, Any] = next(iterator)
-                except StopIteration:
+                batch = source.next_batch(iterator, "the eval input pipeline")
+                if batch is None:
                     break
-                except tf.errors.OpError as exc:
-                    cause = source.shard_failure()
-                    if isinstance(cause, StreamerError):
-                        raise cause from exc
-                    raise StreamerError(f"the eval input pipeline failed: {exc.message}") from exc
                 n = int(batch[METADATA_COLUMNS[1]].shape[0])
                 take = min(n, self.records - seen)
                 if take <= 0:

@@ -566,6 +566,25 @@ class StreamSource:
             except Exception as exc:
                 log.warning("closing a shard failed: %s", exc)
 
+    def next_batch(
+        self, iterator: Iterator[Any], what: str = "the input pipeline"
+    ) -> dict[str, tf.Tensor] | None:
+        """The next batch of a pass, or None at its end.
+
+        A failed pipeline raises the error that ended its shard (a StreamerError with the
+        cause), else a StreamerError naming ``what`` and TensorFlow's message.
+        """
+        try:
+            batch: dict[str, tf.Tensor] = next(iterator)
+        except StopIteration:
+            return None
+        except tf.errors.OpError as exc:
+            cause = self.shard_failure()
+            if isinstance(cause, StreamerError):
+                raise cause from exc
+            raise StreamerError(f"{what} failed: {exc.message}") from exc
+        return batch
+
     def shard_failure(self) -> BaseException | None:
         """The error that ended a shard of this source, if any (the cause of a failed pass)."""
         if self.failure is not None:

@@ -475,16 +475,10 @@ class Worker:
                     self.profiler.before_step(self.step)
                 t0 = time.perf_counter()
                 self.health.waiting("trainer", "waiting for input")
-                try:
-                    batch = next(iterator)
-                except StopIteration:
+                batch = source.next_batch(iterator)
+                if batch is None:
                     exhausted = True
                     break
-                except tf.errors.OpError as exc:
-                    cause = source.shard_failure()
-                    if isinstance(cause, StreamerError):
-                        raise cause from exc
-                    raise StreamerError(f"the input pipeline failed: {exc.message}") from exc
                 t1 = time.perf_counter()
                 meta = {k: batch.pop(k).numpy() for k in METADATA_COLUMNS}
                 self.loss = self.trainer.step(batch)
