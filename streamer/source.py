@@ -70,6 +70,8 @@ class _Hooks(ShardHooks):
         s = self._s
         with s._lock:
             s._owner.update(dict.fromkeys(partitions, shard_index))
+            if partitions:
+                s.topic_missing = False
             # Kept (not popped) until the pass ends: a first assignment may be short-lived.
             seeks = {p: s._restore[p] for p in partitions if p in s._restore}
         if s.metrics is not None:
@@ -122,6 +124,10 @@ class _Hooks(ShardHooks):
     ) -> None:
         if self._s.metrics is not None:
             self._s.metrics.observe_commit(offsets, ok, seconds)
+
+    def on_topic_missing(self, shard_index: int, missing: bool) -> None:
+        with self._s._lock:
+            self._s.topic_missing = missing
 
     def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
         if self._s.metrics is not None:
@@ -227,6 +233,9 @@ class StreamSource:
         self.records_emitted = 0
         self.records_rejected = 0
         self.failure: BaseException | None = None
+        # The topic does not exist, as the last shard to look said; kept across passes (a new
+        # pass's shards have not looked yet) until a shard finds it or is assigned partitions.
+        self.topic_missing = False
         self._names = [f.name for f in schema.features]
 
     def _new_barrier(self) -> JoinBarrier:

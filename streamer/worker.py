@@ -393,8 +393,8 @@ class Worker:
             return
         with self.source._lock:
             assigned = len(self.source._owner)
-            shards = list(self.source._open)
-        if any(getattr(s, "topic_missing", False) for s in shards):
+            topic_missing = self.source.topic_missing
+        if topic_missing:
             self.health.set_ready(
                 False, f"topic {self.config.topic} does not exist (deleted?); waiting for it"
             )
