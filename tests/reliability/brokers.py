@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -183,6 +184,18 @@ class PrivateBroker:
         self.sh("stop")
         if self.running():  # pragma: no cover - stop escalates to SIGKILL itself
             self.sh("kill")
+
+
+def serve(broker: PrivateBroker) -> Iterator[PrivateBroker]:
+    """Fixture body: start ``broker`` (a start failure fails in CI, skips elsewhere), yield it,
+    clean it up."""
+    try:
+        broker.start()
+    except RuntimeError as exc:
+        broker.clean()
+        unavailable(str(exc))
+    yield broker
+    broker.clean()
 
 
 def need_tools(*tools: str) -> None:

@@ -18,7 +18,7 @@ from tests.reliability.brokers import (
     free_port,
     make_certs,
     need_tools,
-    unavailable,
+    serve,
 )
 
 
@@ -73,13 +73,7 @@ def secure_broker(
         if mech.startswith("SCRAM")
     ]
     broker = PrivateBroker(state, extra, " ".join(scram), listeners)
-    try:
-        broker.start()
-    except RuntimeError as exc:
-        broker.clean()
-        unavailable(str(exc))
-    yield broker
-    broker.clean()
+    yield from serve(broker)
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +81,4 @@ def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Private
     """A plain private broker that a test may stop, kill and restart (never the shared one)."""
     need_tools("java", "bash")
     broker = PrivateBroker(tmp_path_factory.mktemp("kafka-faults"))
-    try:
-        broker.start()
-    except RuntimeError as exc:
-        broker.clean()
-        unavailable(str(exc))
-    yield broker
-    broker.clean()
+    yield from serve(broker)

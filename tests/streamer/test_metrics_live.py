@@ -36,7 +36,7 @@ import pytest
 
 from streamer.metrics import DECODE_ERROR_REASONS, KAFKA_ERROR_TYPES
 from streamer.simulator import produce
-from tests.reliability.brokers import PrivateBroker, need_tools, unavailable
+from tests.reliability.brokers import PrivateBroker, need_tools, serve
 from tests.workerutil import (
     RateProducer,
     WorkerProcess,
@@ -689,13 +689,7 @@ def test_lag_command_after_the_run(live: LiveRun) -> None:
 def private_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateBroker]:
     need_tools("java", "bash")
     broker = PrivateBroker(tmp_path_factory.mktemp("kafka-metrics-outage"))
-    try:
-        broker.start()
-    except RuntimeError as exc:
-        broker.clean()
-        unavailable(str(exc))
-    yield broker
-    broker.clean()
+    yield from serve(broker)
 
 
 @pytest.fixture
