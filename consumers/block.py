@@ -25,6 +25,9 @@ class RecordBlock:
     offset: npt.NDArray[np.int64]
     timestamp_ms: npt.NDArray[np.int64]
     nbytes: int = field(default=0)
+    #: The emitting shard's assignment serial (consumers.Shard.serial) when it was polled:
+    #: a block polled before a rebalance is told apart from one polled after it.
+    serial: int = field(default=0)
 
     @classmethod
     def from_columns(
@@ -34,6 +37,7 @@ class RecordBlock:
         partition: list[int] | npt.NDArray[np.int32],
         offset: list[int] | npt.NDArray[np.int64],
         timestamp_ms: list[int] | npt.NDArray[np.int64],
+        serial: int = 0,
     ) -> RecordBlock:
         return cls(
             topic=topic,
@@ -42,6 +46,7 @@ class RecordBlock:
             offset=np.asarray(offset, dtype=np.int64),
             timestamp_ms=np.asarray(timestamp_ms, dtype=np.int64),
             nbytes=sum(len(v) for v in values),
+            serial=serial,
         )
 
     def __len__(self) -> int:
@@ -73,4 +78,5 @@ class RecordBlock:
             self.partition[idx],
             self.offset[idx],
             self.timestamp_ms[idx],
+            self.serial,
         )

@@ -11,6 +11,7 @@ import pickle
 import struct
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,7 +31,7 @@ _HEADER = struct.Struct("<Q")
 def _pack_block(block: RecordBlock) -> bytes:
     lengths = np.fromiter((len(v) for v in block.values), dtype=np.int64, count=len(block.values))
     header = pickle.dumps(
-        (block.topic, block.partition, block.offset, block.timestamp_ms, lengths),
+        (block.topic, block.partition, block.offset, block.timestamp_ms, lengths, block.serial),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
     return b"".join((_HEADER.pack(len(header)), header, *block.values))
@@ -39,11 +40,11 @@ def _pack_block(block: RecordBlock) -> bytes:
 def _unpack_block(data: bytes) -> RecordBlock:
     (hlen,) = _HEADER.unpack_from(data)
     start = _HEADER.size + hlen
-    topic, partition, offset, ts, lengths = pickle.loads(data[_HEADER.size : start])  # noqa: S301 - our own child
+    topic, partition, offset, ts, lengths, serial = pickle.loads(data[_HEADER.size : start])  # noqa: S301 - our own child
     ends = (np.cumsum(lengths) + start).tolist()
     starts = [start, *ends[:-1]]
     values = [data[a:b] for a, b in zip(starts, ends, strict=True)]
-    return RecordBlock(topic, values, partition, offset, ts, int(lengths.sum()))
+    return RecordBlock(topic, values, partition, offset, ts, int(lengths.sum()), serial)
 
 
 class _ChildHooks(ShardHooks):
@@ -52,21 +53,28 @@ class _ChildHooks(ShardHooks):
     def __init__(self, send: Any, restore: dict[int, int]) -> None:
         self._send = send
         self._restore = dict(restore)
+        self.shard: Shard | None = None
+        #: The parent's last commit request per partition: at or below its commit point.
         self.points: dict[int, int] = {}
         self._poll = [0, 0]
         self._last_poll_sent = 0.0
 
+    def _serial(self) -> int:
+        return self.shard.serial if self.shard is not None else 0
+
     def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        self._send(("assigned", partitions))
+        for p in partitions:  # requests made under an earlier assignment say nothing now
+            self.points.pop(p, None)
+        self._send(("assigned", partitions, self._serial()))
         return {p: self._restore.pop(p) for p in partitions if p in self._restore}
 
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        self._send(("revoked", partitions))
+        self._send(("revoked", partitions, self._serial()))
         # The parent's tracker is the truth; the last points it sent are at or below it (safe).
         return {p: self.points[p] for p in partitions if p in self.points}
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:
-        self._send(("lost", partitions))
+        self._send(("lost", partitions, self._serial()))
 
     def on_poll(
         self,
@@ -135,6 +143,7 @@ def _child_main(
     hooks = _ChildHooks(send, restore)
     barrier = _RemoteBarrier(send) if use_barrier else None
     shard = Shard(settings, shard_index, num_shards, hooks=hooks, barrier=barrier)  # type: ignore[arg-type]
+    hooks.shard = shard
     stop = threading.Event()
 
     def commands() -> None:
@@ -215,6 +224,12 @@ class ProcessShard:
         self._cond = threading.Condition()
         self._queue: collections.deque[RecordBlock] = collections.deque()
         self._assigned: set[int] = set()
+        # The child's assignment serial as far as its events have arrived, and per partition
+        # the serial of its last revocation: blocks travel on another pipe than events, so a
+        # block polled before a rebalance can arrive after it (dropped), one polled after it
+        # before the event (held until the event arrives).
+        self._serial = 0
+        self._revoked_at: dict[int, int] = {}
         self._joined = self._barrier is None
         self._child_up = False  # until the child has its first assignment, it is still starting
         self._closed = False
@@ -270,7 +285,13 @@ class ProcessShard:
                 continue  # closing: drain so the child is never stuck in send
             block = _unpack_block(data)
             with self._cond:
-                gone = set(block.partitions()) - self._assigned
+                while block.serial > self._serial and not self._closed:
+                    self._cond.wait(0.5)
+                gone = {
+                    p
+                    for p in block.partitions()
+                    if p not in self._assigned or self._revoked_at.get(p, -1) > block.serial
+                }
                 if gone:
                     block = block.without_partitions(gone)  # type: ignore[assignment]
                 if block is not None:
@@ -290,21 +311,28 @@ class ProcessShard:
                 self.last_rebalance_monotonic = time.monotonic()
                 with self._cond:
                     self._assigned = set(msg[1])
+                    self._serial = max(self._serial, msg[2])
+                    self._cond.notify_all()
                 self.hooks.on_assigned(self.shard_index, msg[1])
             elif kind in ("revoked", "lost"):
                 gone = set(msg[1])
                 with self._cond:
                     self._assigned -= gone
+                    self._serial = max(self._serial, msg[2])
+                    for p in gone:
+                        self._revoked_at[p] = msg[2]
                     kept = collections.deque(
                         b
                         for b in (blk.without_partitions(gone) for blk in self._queue)
                         if b is not None
                     )
                     self._queue = kept
-                if kind == "revoked":
-                    self.hooks.on_revoked(self.shard_index, msg[1])
-                else:
-                    self.hooks.on_lost(self.shard_index, msg[1])
+                    self._cond.notify_all()
+                    # Under the lock get(claim=...) takes: a block is claimed before or dropped.
+                    if kind == "revoked":
+                        self.hooks.on_revoked(self.shard_index, msg[1])
+                    else:
+                        self.hooks.on_lost(self.shard_index, msg[1])
             elif kind == "poll":
                 self.hooks.on_poll(self.shard_index, msg[1], msg[2], msg[3], msg[4])
             elif kind == "commit":
@@ -358,7 +386,9 @@ class ProcessShard:
         with self._cond:
             return sum(len(b) for b in self._queue)
 
-    def get(self, timeout: float) -> RecordBlock | None:
+    def get(
+        self, timeout: float, claim: Callable[[RecordBlock], RecordBlock] | None = None
+    ) -> RecordBlock | None:
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._queue:
@@ -372,7 +402,7 @@ class ProcessShard:
                 self._cond.wait(remaining)
             block = self._queue.popleft()
             self._cond.notify_all()
-            return block
+            return claim(block) if claim is not None else block
 
     def commit(self, offsets: dict[int, int]) -> None:
         if offsets:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import threading
 import time
@@ -89,6 +90,9 @@ def _install_repeat_filter(logger_name: str) -> None:
 # every 100 ms until its timeout.
 _install_repeat_filter("kafka.cluster")
 _install_repeat_filter("kafka.coordinator.consumer")
+
+# How long one call waits for a group (re)join to finish (see Shard._await_join).
+_JOIN_WAIT_MS = 3000
 
 _MISSING_TOPIC_LOG_S = 30.0
 _missing_topic_logged: dict[str, float] = {}
@@ -263,6 +267,17 @@ class Shard:
         self._assigned_set: set[int] = set()
         self._paused_count = 0
         self._rewind: dict[int, int] = {}
+        #: Per partition, the first offset emitted since it was assigned: with no commit point
+        #: from the owner at revoke, the lowest offset that may not have been trained.
+        self._first_emitted: dict[int, int] = {}
+        #: Per partition, the offset known committed (our commits, the group's): no commit
+        #: request at or below it is sent again.
+        self._committed: dict[int, int] = {}
+        #: Counts assignments and revocations. Blocks carry the serial they were polled under,
+        #: so records polled before a rebalance are never taken for records polled after it.
+        self.serial = 0
+        #: Seeks made by assignments during the current poll() (see _drop_across_rebalance).
+        self._sought: dict[int, int] = {}
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
@@ -368,8 +383,16 @@ class Shard:
         self.hooks.on_poll(self.shard_index, 0, 0, {}, {})  # the poller is alive, not stuck
         self._stop.wait(backoff)
 
-    def get(self, timeout: float) -> RecordBlock | None:
-        """The next block, or None after ``timeout`` seconds. Raises ShardFailedError if the poller died."""
+    def get(
+        self, timeout: float, claim: Callable[[RecordBlock], RecordBlock] | None = None
+    ) -> RecordBlock | None:
+        """The next block, or None after ``timeout`` seconds. Raises ShardFailedError if the poller died.
+
+        ``claim`` (the owner registering the block's records as in flight) runs under the
+        lock that revocation takes: a block is either claimed before its partitions are
+        revoked, so the owner's commit point at revoke accounts for it, or it is dropped
+        with the queue. The block returned is what ``claim`` returned.
+        """
         deadline = time.monotonic() + timeout
         with self._cond:
             while not self._queue:
@@ -384,15 +407,19 @@ class Shard:
             block = self._queue.popleft()
             self._queued_records -= len(block)
             self._cond.notify_all()
-            return block
+            return claim(block) if claim is not None else block
 
     def commit(self, offsets: dict[int, int]) -> None:
-        """Ask the poller to commit {partition: next offset}; only owned partitions are sent."""
+        """Ask the poller to commit {partition: next offset}; only owned partitions are sent.
+
+        Requests at or below what is known committed are dropped, so an owner may send every
+        commit point each time (none is lost to a rebalance in between) at no cost.
+        """
         if not offsets:
             return
         with self._cond:
             for p, off in offsets.items():
-                if off > self._commits.get(p, -1):
+                if off > self._commits.get(p, -1) and off > self._committed.get(p, -1):
                     self._commits[p] = off
 
     @property
@@ -484,7 +511,11 @@ class Shard:
                 self._check_joined()
             self._apply_backpressure()
             self._flush_commits(sync=False)
+            with self._cond:
+                serial = self.serial
+                self._sought.clear()
             try:
+                self._await_join(consumer)
                 polled = consumer.poll(timeout_ms=timeout_ms)
             except kerrors.NoOffsetForPartitionError as exc:
                 self._reset_positions(set(exc.args[0]) if exc.args else set(), {})
@@ -517,7 +548,7 @@ class Shard:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
-            self._emit(polled)
+            self._emit(polled, serial)
             if self._unseeded:
                 self._read_group_commits()
             if self._rebalance_stuck(consumer):
@@ -527,6 +558,42 @@ class Shard:
                 self._drop_topic(consumer)
                 return True
         return False
+
+    def _await_join(self, consumer: Any) -> None:
+        """While the member (re)joins its group, wait for the join in one long call.
+
+        kafka-python 3.0.12 runs a join as a task that ``poll()`` awaits for at most its
+        timeout. When a rejoin was triggered by a metadata change (the leader assigned from
+        stale metadata) rather than by a rebalance notice, and the task finishes while no
+        ``poll()`` awaits it, nothing ever takes its result: the member stays out of the
+        group, heartbeats off, until its session expires. Short polls (100 ms) leave a gap
+        at every poll; awaiting the join here for seconds leaves almost none, and
+        ``_rebalance_stuck`` repairs the rare case that still slips through.
+        """
+        if self.settings.mode != "group":
+            return
+        coordinator = getattr(consumer, "_coordinator", None)
+        if coordinator is None:
+            return
+        if coordinator.state is not MemberState.STABLE or coordinator.need_rejoin():
+            coordinator.poll(timeout_ms=_JOIN_WAIT_MS)
+
+    def _repair_unfinished_join(self, consumer: Any) -> None:
+        """Make kafka-python take up a join whose result nothing took (see ``_await_join``).
+
+        The member asks to rejoin; the group goes through one more (quick) rebalance
+        instead of waiting for this member's session to expire.
+        """
+        coordinator: Any = getattr(consumer, "_coordinator", None)
+        task = getattr(coordinator, "_join_task", None)
+        if coordinator is None or task is None or not getattr(task, "is_done", False):
+            return
+        if coordinator.need_rejoin():
+            return
+        log.info(
+            "shard %d: group join finished unattended (kafka-python); rejoining", self.shard_index
+        )
+        coordinator.request_rejoin()
 
     def _rebalance_stuck(self, consumer: Any) -> bool:
         """True when this member has not been STABLE in the group for ``_stuck_after_s``.
@@ -546,6 +613,8 @@ class Shard:
         if stable or self._unstable_since is None:
             self._unstable_since = None if stable else now
             return False
+        if now - self._unstable_since >= 1.0:
+            self._repair_unfinished_join(consumer)
         return now - self._unstable_since >= self._stuck_after_s
 
     def _reopen_stuck(self, consumer: Any) -> None:
@@ -645,6 +714,10 @@ class Shard:
                 continue
             if off is not None:
                 found[p] = int(off)
+        with self._cond:
+            for p, off in found.items():
+                if p in self._assigned_set:
+                    self._committed[p] = max(off, self._committed.get(p, -1))
         if found:
             self.hooks.on_group_committed(self.shard_index, found)
 
@@ -676,7 +749,9 @@ class Shard:
         else:
             self._consumer.seek_to_end(*tps)
 
-    def _emit(self, polled: dict[Any, list[Any]]) -> None:
+    def _emit(self, polled: dict[Any, list[Any]], serial: int) -> None:
+        if serial != self.serial and any(polled.values()):
+            polled = self._drop_across_rebalance(polled)
         values: list[bytes] = []
         partitions: list[int] = []
         offsets: list[int] = []
@@ -691,6 +766,7 @@ class Shard:
                 offsets.append(r.offset)
                 timestamps.append(r.timestamp)
             self._position[tp.partition] = records[-1].offset + 1
+            self._first_emitted.setdefault(tp.partition, records[0].offset)
         highwater: dict[int, int] = {}
         for p in self._assigned_snapshot():
             try:
@@ -705,6 +781,7 @@ class Shard:
             self.records_polled += len(block)
             self.last_record_monotonic = time.monotonic()
             with self._cond:
+                block = dataclasses.replace(block, serial=self.serial)
                 revoked = set(block.partitions()) - self._assigned_set
                 if revoked:  # a rebalance raced the poll: never queue records we no longer own
                     self._note_rewind(block, revoked)
@@ -720,6 +797,28 @@ class Shard:
             highwater,
             dict(self._position),
         )
+
+    def _drop_across_rebalance(self, polled: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
+        """A rebalance ran while ``poll()`` did: drop what it returned and fetch it again.
+
+        Records fetched before a revocation may come back from the same ``poll()`` call as the
+        assignment that followed it, after any seek the assignment made. Rather than tell them
+        apart, drop all of them: partitions still assigned are sought back to their first
+        offset here (the poller owns the consumer), the others are rewound if they return.
+        """
+        with self._cond:
+            owned = set(self._assigned_set)
+            for tp, records in polled.items():
+                if not records:
+                    continue
+                low = records[0].offset
+                if tp.partition in owned:
+                    # Never past a seek the assignment made (a rewind or a checkpoint).
+                    self._consumer.seek(tp, min(low, self._sought.get(tp.partition, low)))
+                else:
+                    self._rewind[tp.partition] = min(low, self._rewind.get(tp.partition, low))
+        log.debug("shard %d: dropped a poll that raced a rebalance", self.shard_index)
+        return {}
 
     def _assigned_snapshot(self) -> list[int]:
         with self._cond:
@@ -791,11 +890,14 @@ class Shard:
                 self.hooks.on_commit(commits, False, time.monotonic() - t0, type(exc).__name__)
                 self.hooks.on_error("commit", exc)
                 raise
+            self._note_committed(commits)
             self.hooks.on_commit(commits, True, time.monotonic() - t0, None)
             return
 
         def done(_offsets: Any, response: Any) -> None:
             ok = not isinstance(response, BaseException)
+            if ok:
+                self._note_committed(commits)
             err = None if ok else type(response).__name__
             self.hooks.on_commit(commits, ok, time.monotonic() - t0, err)
             if not ok:
@@ -803,6 +905,12 @@ class Shard:
                 self._warn_commit_failed(commits, err)
 
         self._consumer.commit_async(payload, callback=done)
+
+    def _note_committed(self, commits: dict[int, int]) -> None:
+        with self._cond:
+            for p, off in commits.items():
+                if p in self._assigned_set:
+                    self._committed[p] = max(off, self._committed.get(p, -1))
 
     def _warn_commit_failed(self, commits: dict[int, int], err: str | None) -> None:
         """Log a failed commit: the first at once, then one line per 10 s with a count.
@@ -838,7 +946,11 @@ class Shard:
     def _assigned(self, partitions: list[int]) -> None:
         self.last_rebalance_monotonic = time.monotonic()
         with self._cond:
+            self.serial += 1
             self._assigned_set = set(partitions)
+            for p in partitions:
+                self._first_emitted.pop(p, None)
+                self._committed.pop(p, None)
             if self.settings.mode == "group":
                 self._unseeded = set(partitions)
             # kafka-python keeps the position of a partition that stays with this consumer
@@ -863,19 +975,32 @@ class Shard:
                     p,
                     off,
                 )
-                self._consumer.seek(TopicPartition(self._topic, p), off)
+                self._seek_assigned(p, off)
         for p, off in seeks.items():
             if p in partitions:
                 log.info(
                     "shard %d: seeking partition %d to %d (checkpoint)", self.shard_index, p, off
                 )
-                self._consumer.seek(TopicPartition(self._topic, p), off)
+                self._seek_assigned(p, off)
+
+    def _seek_assigned(self, partition: int, offset: int) -> None:
+        self._consumer.seek(TopicPartition(self._topic, partition), offset)
+        with self._cond:
+            self._sought[partition] = min(offset, self._sought.get(partition, offset))
 
     def _revoked(self, partitions: list[int], *, lost: bool) -> None:
+        """Drop revoked partitions' queued records; commit what the owner says is done.
+
+        The owner's hook runs under the lock that ``get(claim=...)`` takes, so every block is
+        either claimed (and in the owner's commit point) or dropped here. A partition that
+        comes back to this shard is rewound to the lowest offset that may not be trained:
+        the owner's commit point, else the first offset emitted since it was assigned.
+        """
         if not partitions:
             return
         gone = set(partitions)
         with self._cond:
+            self.serial += 1
             self._assigned_set -= gone
             kept: collections.deque[RecordBlock] = collections.deque()
             self._queued_records = 0
@@ -889,20 +1014,23 @@ class Shard:
             for p in gone:
                 self._commits.pop(p, None)
                 self._position.pop(p, None)
-        if lost:
-            log.warning(
-                "shard %d: partitions %s lost (not committing)",
-                self.shard_index,
-                sorted(partitions),
-            )
-            self.hooks.on_lost(self.shard_index, partitions)
-            return
-        log.info("shard %d: partitions %s revoked", self.shard_index, sorted(partitions))
-        commits = self.hooks.on_revoked(self.shard_index, partitions)
-        with self._cond:
-            # Emitted but untrained records are below the commit point: rewind there too.
-            for p, off in commits.items():
-                self._rewind[p] = min(off, self._rewind.get(p, off))
+            if lost:
+                log.warning(
+                    "shard %d: partitions %s lost (not committing)",
+                    self.shard_index,
+                    sorted(partitions),
+                )
+                self.hooks.on_lost(self.shard_index, partitions)
+                commits: dict[int, int] = {}
+            else:
+                log.info("shard %d: partitions %s revoked", self.shard_index, sorted(partitions))
+                commits = self.hooks.on_revoked(self.shard_index, partitions)
+            for p in gone:
+                first = self._first_emitted.pop(p, None)
+                known = self._committed.pop(p, None)
+                low = commits.get(p, known if known is not None and lost else first)
+                if low is not None:
+                    self._rewind[p] = min(low, self._rewind.get(p, low))
         if commits and not self._closed:
             try:
                 self._send_commit(commits, sync=False)

@@ -6,6 +6,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -130,7 +131,13 @@ class SimulatedShard:
     def assigned(self) -> frozenset[int]:
         return frozenset(self._parts)
 
-    def get(self, timeout: float) -> RecordBlock | None:
+    def get(
+        self, timeout: float, claim: Callable[[RecordBlock], RecordBlock] | None = None
+    ) -> RecordBlock | None:
+        block = self._next_block(timeout)
+        return claim(block) if claim is not None and block is not None else block
+
+    def _next_block(self, timeout: float) -> RecordBlock | None:
         if self._closed.is_set() or not self._parts:
             self._closed.wait(timeout)
             return None

@@ -50,7 +50,9 @@ class ShardLike(Protocol):
     last_record_monotonic: float
 
     def start(self) -> Any: ...
-    def get(self, timeout: float) -> RecordBlock | None: ...
+    def get(
+        self, timeout: float, claim: Callable[[RecordBlock], RecordBlock] | None = None
+    ) -> RecordBlock | None: ...
     def commit(self, offsets: dict[int, int]) -> None: ...
     def close(self, timeout: float = ...) -> None: ...
     @property
@@ -362,7 +364,7 @@ class StreamSource:
                     and time.monotonic() - self._pass_started >= pass_seconds
                 ):
                     break
-                block = shard.get(timeout)
+                block = shard.get(timeout, claim=self._claim)
                 if (
                     block is None
                     and self._stop_offsets is not None
@@ -381,15 +383,10 @@ class StreamSource:
                     yield empty
                     continue
                 idle_since = time.monotonic()
-                if self._stop_offsets is not None:
-                    block = self._clip(block)
-                    if block is None:
-                        if self.finished or shard.assigned <= self._reached_set():
-                            break
-                        continue
-                self.tracker.register(block.partition, block.offset)
-                with self._lock:
-                    self.records_emitted += len(block)
+                if not len(block):  # replay: clipped away entirely
+                    if self.finished or shard.assigned <= self._reached_set():
+                        break
+                    continue
                 more = self._take_budget(len(block))
                 with self._lock:
                     handle = next(self._handles)
@@ -409,6 +406,23 @@ class StreamSource:
                 self._close_shard(shard)
         if ended and self._window is not None:
             yield np.int64(_FLUSH)  # this shard is done: let the shuffle window drain
+
+    def _claim(self, block: RecordBlock) -> RecordBlock:
+        """Register a block's records as in flight (the shard calls this under its lock).
+
+        Runs atomically with the shard's revocation of the block's partitions, so the commit
+        point the revocation reports accounts for every record this pass has taken. A replay
+        clips the block to its stop offsets first (an empty block: nothing left).
+        """
+        if self._stop_offsets is not None:
+            clipped = self._clip(block)
+            if clipped is None:
+                return _EMPTY
+            block = clipped
+        self.tracker.register(block.partition, block.offset)
+        with self._lock:
+            self.records_emitted += len(block)
+        return block
 
     def _reached_set(self) -> frozenset[int]:
         with self._lock:
@@ -533,9 +547,13 @@ class StreamSource:
     # ---- commits and lifecycle -------------------------------------------------------------
 
     def commit(self, points: dict[int, int] | None = None) -> dict[int, int]:
-        """Send commit requests for what is done (default: the tracker's advanced points)."""
+        """Send commit requests for what is done (default: every commit point of the tracker).
+
+        Each partition's point goes to the shard that owns it now; a partition between owners
+        (a rebalance under way) is sent again next time, and shards drop what is committed.
+        """
         if points is None:
-            points = self.tracker.take_commit_points()
+            points = self.tracker.commit_points()
         if not points:
             return {}
         with self._lock:

@@ -595,7 +595,7 @@ class Worker:
             self.step - self._last_commit_step >= cfg.commit_every_steps
             or now - self._last_commit_t >= cfg.commit_every_seconds
         ):
-            self._commit(self.tracker.take_commit_points())
+            self._commit(self.tracker.commit_points())
 
     def _positions(self) -> dict[int, int]:
         """The stream position to save: restored offsets overlaid with what was done since."""
