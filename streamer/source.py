@@ -17,6 +17,7 @@ from consumers.errors import ConfigError, StreamerError
 from consumers.settings import ConsumerSettings
 from consumers.shard import JoinBarrier, Shard, ShardHooks
 from streamer.decode import decode_block
+from streamer.gctune import release_free_memory
 from streamer.offsets import OffsetTracker
 from streamer.schema import Schema
 from streamer.settings import PipelineSettings
@@ -592,6 +593,7 @@ class StreamSource:
                 shard.close()
             except Exception as exc:
                 log.warning("closing a shard failed: %s", exc)
+        release_free_memory()  # the pass's consumers and buffers are gone: give the heap back
 
     def next_batch(
         self, iterator: Iterator[Any], what: str = "the input pipeline"

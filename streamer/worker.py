@@ -22,7 +22,7 @@ from consumers.shard import ShardHooks
 from streamer.config import WorkerConfig
 from streamer.evaluate import Evaluator
 from streamer.export import Exporter
-from streamer.gctune import tune_gc
+from streamer.gctune import release_free_memory, tune_gc
 from streamer.health import Health, MetricsServer
 from streamer.metrics import Metrics
 from streamer.model import load_model
@@ -33,6 +33,9 @@ from streamer.simulator import SimulatedShard, SimulatorTask
 from streamer.source import METADATA_COLUMNS, ShardLike, StreamSource
 from streamer.tboard import ProfileWindow, TrainingSummaries
 from streamer.train import Checkpointer, Trainer, choose_strategy
+
+# How often the worker hands freed heap back to the OS (gctune.release_free_memory).
+TRIM_EVERY_S = 60.0
 
 __all__ = ["AuditLog", "Worker"]
 
@@ -374,8 +377,12 @@ class Worker:
         """Every second: readiness (model built, broker reachable, partitions assigned) and queues."""
         cfg = self.config
         shard_capacity = cfg.shards * cfg.queue_max_blocks * cfg.max_poll_records
+        trimmed = time.monotonic()
         while not self._stopping.wait(1.0):
             self._update_ready()
+            if time.monotonic() - trimmed >= TRIM_EVERY_S:  # a pass may last for days
+                release_free_memory()
+                trimmed = time.monotonic()
             assert self.metrics is not None
             with self.source._lock:
                 shards = list(self.source._open)
