@@ -171,7 +171,11 @@ def _child_main(
     reader = threading.Thread(target=commands, name="streamer-shard-commands", daemon=True)
     reader.start()
     try:
+        joining: bool | None = None
         while not stop.is_set():
+            if shard.joining != joining:  # the parent's idle clock stops while the group rebalances
+                joining = shard.joining
+                send(("joining", joining))
             block = shard.get(0.1)
             if block is not None:
                 data_conn.send_bytes(_pack_block(block))
@@ -232,6 +236,8 @@ class ProcessShard:
         self._revoked_at: dict[int, int] = {}
         self._joined = self._barrier is None
         self._child_up = False  # until the child has its first assignment, it is still starting
+        self._child_joining = True  # the child's Shard.joining (its group is rebalancing)
+        self._generation: tuple[int | None] | None = None  # the child's last barrier report
         self._closed = False
         self._child_closed = threading.Event()
         self.failed: BaseException | None = None
@@ -346,7 +352,12 @@ class ProcessShard:
             elif kind == "topic_missing":
                 self.topic_missing = bool(msg[1])
                 self.hooks.on_topic_missing(self.shard_index, self.topic_missing)
+            elif kind == "joining":
+                self._child_joining = bool(msg[1])
+                if not self._child_joining:
+                    self.last_rebalance_monotonic = time.monotonic()
             elif kind == "barrier" and self._barrier is not None:
+                self._generation = (msg[1],)
                 if self._barrier.report(self.shard_index, msg[1]):
                     self._release()
             elif kind == "failed":
@@ -375,11 +386,21 @@ class ProcessShard:
 
     @property
     def joining(self) -> bool:
+        # The child reports a generation once, when it changes; the barrier releases when all
+        # shards held one generation for its settle time (or at its deadline), which it can
+        # only see when asked again: ask on every call.
+        if (
+            not self._joined
+            and self._barrier is not None
+            and self._generation is not None
+            and self._barrier.report(self.shard_index, self._generation[0])
+        ):
+            self._release()
         if not self._joined and self._barrier is not None and self._barrier.released:
             self._release()
         if self.failed is not None or self._child_closed.is_set():
             return False
-        return not (self._joined and self._child_up)
+        return not (self._joined and self._child_up) or self._child_joining
 
     @property
     def queued_records(self) -> int:
