@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from consumers.errors import ConfigError
-from consumers.settings import ConsumerSettings, Secret, SecuritySettings
+from consumers.settings import ConsumerSettings, Secret, SecuritySettings, ShardRuntime
 from streamer.settings import PipelineSettings
 
 __all__ = ["OPTIONS", "Option", "WorkerConfig", "add_run_arguments", "load_config"]
@@ -77,9 +77,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "shard_runtime",
         _S,
-        "thread",
-        "run each shard's consumer on a thread, or in a child process (past one core's parse rate)",
-        choices=("thread", "process"),
+        "auto",
+        "run each shard's consumer on a thread, or in a child process (past one core's parse "
+        "rate); auto: processes when there are 2+ shards and 2+ usable CPU cores, else threads",
+        choices=("auto", "thread", "process"),
         group="kafka",
     ),
     Option(
@@ -368,6 +369,22 @@ SECRET_ENV = (
 )
 
 
+def resolve_shard_runtime(runtime: str, shards: int) -> ShardRuntime:
+    """``auto``: child processes where they pay (2+ shards, 2+ usable cores), else threads.
+
+    kafka-python parses records in Python, so thread shards share one core's parse rate; on
+    the 2-core benchmark machine process shards gave the worker 1.42x the samples/s of thread
+    shards (benchmarks/README.md). With one core or one shard a process only adds a hop.
+    """
+    if runtime != "auto":
+        return runtime  # type: ignore[return-value]
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return "process" if shards >= 2 and cores >= 2 else "thread"
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
     """Every worker setting, validated. Build it with ``load_config``."""
@@ -557,7 +574,7 @@ class WorkerConfig:
             mode="static" if self.partitions else "group",
             partitions=self.partitions,
             num_shards=self.shards,
-            shard_runtime=self.shard_runtime,  # type: ignore[arg-type]
+            shard_runtime=resolve_shard_runtime(self.shard_runtime, self.shards),
             worker_id=self.worker_id,
             auto_offset_reset=self.auto_offset_reset,  # type: ignore[arg-type]
             max_poll_records=self.max_poll_records,

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from consumers.errors import ConfigError, StreamerError
 from consumers.shard import ShardHooks
-from streamer.config import WorkerConfig
+from streamer.config import WorkerConfig, resolve_shard_runtime
 from streamer.evaluate import Evaluator
 from streamer.export import Exporter
 from streamer.gctune import release_free_memory, tune_gc
@@ -679,5 +679,8 @@ class Worker:
 
 def _describe(cfg: WorkerConfig) -> str:
     d = cfg.describe()
-    keys = ("bootstrap", "topic", "group", "shards", "batch_size", "checkpoint_dir", "metrics_port")
-    return " ".join(f"{k}={d[k]}" for k in keys)
+    if cfg.bootstrap is not None:
+        d["shard_runtime"] = resolve_shard_runtime(cfg.shard_runtime, cfg.shards)
+    keys = "bootstrap topic group shards shard_runtime batch_size checkpoint_dir metrics_port"
+
+    return " ".join(f"{k}={d[k]}" for k in keys.split() if k in d)
