@@ -110,6 +110,34 @@ class _ChildHooks(ShardHooks):
         self._send(("topic_missing", missing))
 
 
+class _ForwardLogs(logging.Handler):
+    """In the child: hands every log record to the parent, which logs it with its own handlers.
+
+    The worker's log format, levels and repeat filters then apply to the child's lines too
+    (a spawned child starts with no logging configuration at all).
+    """
+
+    def __init__(self, send: Any) -> None:
+        super().__init__()
+        self._send = send
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if record.exc_info and not record.exc_text:
+                record.exc_text = logging.Formatter().formatException(record.exc_info)
+            fields = dict(record.__dict__)
+            fields.update(msg=record.getMessage(), args=None, exc_info=None)
+            self._send(("log", fields))
+        except Exception:  # a record we cannot send must never break the child
+            self.handleError(record)
+
+
+def _logger_levels() -> dict[str, int]:
+    """The parent's levels of the loggers a child logs to (root, kafka-python, ours)."""
+    names = ("", "kafka", "kafka.net.selector", "consumers")
+    return {name: logging.getLogger(name or None).getEffectiveLevel() for name in names}
+
+
 class _RemoteBarrier:
     """The child's view of the parent's JoinBarrier: reports go up, the release comes down."""
 
@@ -133,12 +161,17 @@ def _child_main(
     num_shards: int,
     restore: dict[int, int],
     use_barrier: bool,
+    levels: dict[str, int],
 ) -> None:
     lock = threading.Lock()
 
     def send(msg: Any) -> None:
         with lock:
             ctrl_conn.send(msg)
+
+    logging.getLogger().handlers[:] = [_ForwardLogs(send)]
+    for name, level in levels.items():
+        logging.getLogger(name or None).setLevel(level)
 
     hooks = _ChildHooks(send, restore)
     barrier = _RemoteBarrier(send) if use_barrier else None
@@ -261,6 +294,7 @@ class ProcessShard:
                 self.num_shards,
                 self._restore,
                 self._barrier is not None,
+                _logger_levels(),
             ),
             name=f"streamer-shard-{self.shard_index}",
             daemon=True,
@@ -352,6 +386,9 @@ class ProcessShard:
             elif kind == "topic_missing":
                 self.topic_missing = bool(msg[1])
                 self.hooks.on_topic_missing(self.shard_index, self.topic_missing)
+            elif kind == "log":
+                record = logging.makeLogRecord(msg[1])
+                logging.getLogger(record.name).handle(record)
             elif kind == "joining":
                 self._child_joining = bool(msg[1])
                 if not self._child_joining:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,17 @@ def test_cli_reports_config_errors_with_exit_2() -> None:
     )
     assert proc.returncode == 2
     assert "shards" in proc.stderr
+
+
+def test_shard_runtime_auto_picks_processes_only_with_shards_and_cores_to_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from streamer.config import resolve_shard_runtime
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
+    assert resolve_shard_runtime("auto", 4) == "process"
+    assert resolve_shard_runtime("auto", 1) == "thread"
+    assert resolve_shard_runtime("thread", 4) == "thread"
+    assert resolve_shard_runtime("process", 1) == "process"
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0}, raising=False)
+    assert resolve_shard_runtime("auto", 4) == "thread"
