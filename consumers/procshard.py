@@ -351,9 +351,10 @@ class ProcessShard:
                 self.last_rebalance_monotonic = time.monotonic()
                 with self._cond:
                     self._assigned = set(msg[1])
+                self.hooks.on_assigned(self.shard_index, msg[1])
+                with self._cond:  # blocks of this assignment wait until the owner knows it
                     self._serial = max(self._serial, msg[2])
                     self._cond.notify_all()
-                self.hooks.on_assigned(self.shard_index, msg[1])
             elif kind in ("revoked", "lost"):
                 gone = set(msg[1])
                 with self._cond:

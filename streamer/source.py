@@ -82,25 +82,32 @@ class _Hooks(ShardHooks):
             s.metrics.rebalance("assigned")
         return seeks
 
-    def _forget(self, partitions: list[int], event: str) -> dict[int, int]:
+    def _forget(self, shard_index: int, partitions: list[int], event: str) -> dict[int, int]:
+        """Drop the tracker state of partitions ``shard_index`` gives up; return their points.
+
+        Only partitions this shard still owns: the tracker is keyed by partition alone, and a
+        late revocation (a consumer closed after its session expired, or a child process's
+        event arriving after a sibling's assignment) must not erase the new owner's records.
+        """
         s = self._s
-        points = s.tracker.revoke(partitions)
         with s._lock:
-            for p in partitions:
+            mine = [p for p in partitions if s._owner.get(p, shard_index) == shard_index]
+            points = s.tracker.revoke(mine)
+            for p in mine:
                 s._owner.pop(p, None)
                 if p in s._restore and p in points:
                     # The next owner starts from what is done, not from the checkpoint again.
                     s._restore[p] = points[p]
         if s.metrics is not None:
-            s.metrics.partitions_revoked(partitions)
+            s.metrics.partitions_revoked(mine)
             s.metrics.rebalance(event)  # type: ignore[arg-type]
         return points
 
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        return self._forget(partitions, "revoked")
+        return self._forget(shard_index, partitions, "revoked")
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:
-        self._forget(partitions, "lost")
+        self._forget(shard_index, partitions, "lost")
 
     def on_poll(
         self,
