@@ -1,4 +1,5 @@
-"""Admin-side Kafka reads: wait for the broker and topic at start-up, and a group's lag."""
+"""Admin-side Kafka calls: wait for the broker and topic at start-up, a group's lag, and the
+repair of a group assignment that no longer matches its topic."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from consumers.errors import (
 from consumers.settings import ConsumerSettings, SecuritySettings
 from consumers.shard import _AUTH_ERRORS
 
-__all__ = ["PartitionLag", "group_lag", "wait_for_topic"]
+__all__ = ["PartitionLag", "group_lag", "rebalance_if_stale", "wait_for_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -382,3 +383,62 @@ def group_lag(
         c = committed.get(tp)
         out.append(PartitionLag(tp.topic, tp.partition, c, end, end - (c if c is not None else 0)))
     return out
+
+
+def rebalance_if_stale(
+    settings: ConsumerSettings,
+    shard_index: int,
+    partitions: set[int],
+    *,
+    timeout_ms: int = 10_000,
+) -> set[int] | None:
+    """Make the group rebalance when its stored assignment does not match the topic.
+
+    A static member (``group_instance_id``) that rejoins a stable group gets its stored
+    assignment back without a rebalance, and kafka-python (JoinGroup v7, no KIP-814
+    ``skip_assignment``) then has no member that watches the topic's partitions. An
+    assignment made while the topic was deleted (nothing), or before partitions were added,
+    then stays forever. Reads the group (DescribeGroups); when the partitions of
+    ``settings.topic`` its members hold differ from ``partitions`` (the topic's, from fresh
+    metadata), removes this shard's static member (LeaveGroup by instance id), which makes
+    the group rebalance with a leader that assigns from fresh metadata; the removed
+    consumer rejoins on its own. Returns the held partitions when it did so, else None.
+    """
+    from kafka.admin import KafkaAdminClient, MemberToRemove
+
+    admin = _connect(
+        KafkaAdminClient,
+        settings.bootstrap_servers,
+        settings.security,
+        timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
+    )
+    try:
+        group = admin.describe_groups([settings.group_id]).get(settings.group_id) or {}
+        if group.get("error") or group.get("group_state") != "Stable":
+            return None  # rebalancing already (or not readable): nothing to repair now
+        held: set[int] = set()
+        for member in group.get("members") or []:
+            assignment = member.get("member_assignment")
+            if not isinstance(assignment, dict):
+                return None  # not a consumer-protocol assignment we can read
+            for entry in assignment.get("assigned_partitions") or []:
+                if entry.get("topic") == settings.topic:
+                    held.update(int(p) for p in entry.get("partitions") or [])
+        if held == partitions:
+            return None
+        instance = settings.group_instance_id(shard_index)
+        admin.remove_group_members(
+            settings.group_id,
+            [
+                MemberToRemove(
+                    member_id=None,
+                    group_instance_id=instance,
+                    reason="stale assignment: the topic's partitions changed",
+                )
+            ],
+        )
+        return held
+    finally:
+        admin.close()

@@ -133,9 +133,12 @@ class _ForwardLogs(logging.Handler):
 
 
 def _logger_levels() -> dict[str, int]:
-    """The parent's levels of the loggers a child logs to (root, kafka-python, ours)."""
-    names = ("", "kafka", "kafka.net.selector", "consumers")
-    return {name: logging.getLogger(name or None).getEffectiveLevel() for name in names}
+    """The parent's logging levels: the root's and every logger's that has one of its own."""
+    levels = {"": logging.getLogger().level}
+    for name, logger in logging.root.manager.loggerDict.items():
+        if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET:
+            levels[name] = logger.level
+    return levels
 
 
 class _RemoteBarrier:

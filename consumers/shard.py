@@ -215,15 +215,21 @@ class JoinBarrier:
 class _Listener(ConsumerRebalanceListener):
     def __init__(self, shard: Shard) -> None:
         self._shard = shard
+        #: Set when the shard discards this listener's consumer: the revocation that
+        #: kafka-python reports as it closes the consumer was already handled (as lost).
+        self.detached = False
 
     def on_partitions_revoked(self, revoked: Any) -> None:
-        self._shard._revoked([tp.partition for tp in revoked], lost=False)
+        if not self.detached:
+            self._shard._revoked([tp.partition for tp in revoked], lost=False)
 
     def on_partitions_lost(self, lost: Any) -> None:
-        self._shard._revoked([tp.partition for tp in lost], lost=True)
+        if not self.detached:
+            self._shard._revoked([tp.partition for tp in lost], lost=True)
 
     def on_partitions_assigned(self, assigned: Any) -> None:
-        self._shard._assigned([tp.partition for tp in assigned])
+        if not self.detached:
+            self._shard._assigned([tp.partition for tp in assigned])
 
 
 class Shard:
@@ -296,6 +302,8 @@ class Shard:
         self._missing_since: tuple[float, int] | None = None  # (when, metadata refresh) of a gap
         #: True while the topic does not exist (deleted mid-stream, or not created again yet).
         self._topic_missing = False
+        self._listener: _Listener | None = None
+        self._assignment_checked = False  # _check_group_assignment ran for this consumer
         self.last_record_monotonic = time.monotonic()
         self.last_rebalance_monotonic = time.monotonic()
         self.records_polled = 0
@@ -344,7 +352,8 @@ class Shard:
                     backoff = min(backoff * 2, 30.0)
                     continue
                 if self.settings.mode == "group":
-                    consumer.subscribe(topics=[self._topic], listener=_Listener(self))
+                    self._listener = _Listener(self)
+                    consumer.subscribe(topics=[self._topic], listener=self._listener)
                 else:
                     parts = self.settings.static_partitions(self.shard_index, self.num_shards)
                     consumer.assign([TopicPartition(self._topic, p) for p in parts])
@@ -356,6 +365,7 @@ class Shard:
                     consumer.close(autocommit=False)
                     return None
                 self._consumer = consumer
+            self._assignment_checked = False
             if self.topic_missing:
                 self.topic_missing = False
                 log.warning(
@@ -554,6 +564,8 @@ class Shard:
             if self._rebalance_stuck(consumer):
                 self._reopen_stuck(consumer)
                 return True
+            if self._stable and not self._assignment_checked:
+                self._check_group_assignment(consumer)
             if not self._stop.is_set() and self._topic_gone(consumer):
                 self._drop_topic(consumer)
                 return True
@@ -594,6 +606,52 @@ class Shard:
             "shard %d: group join finished unattended (kafka-python); rejoining", self.shard_index
         )
         coordinator.request_rejoin()
+
+    def _check_group_assignment(self, consumer: Any) -> None:
+        """Once per consumer, at its first stable join: repair a stale group assignment.
+
+        A static member that rejoins a stable group gets its stored assignment back without
+        a rebalance, and then no member watches the topic (kafka-python leaves that to the
+        member that computed the assignment). If the topic was deleted and created again, or
+        gained partitions, meanwhile, the group would keep the old assignment (nothing, for
+        a recreated topic) until something else rebalances it. Shard 0 of each worker
+        compares the group's assignment with the topic's partitions and, when they differ,
+        makes the group rebalance (``consumers.admin.rebalance_if_stale``). Shards that
+        assigned the partitions themselves watch the topic already.
+        """
+        if self.settings.mode != "group" or self.shard_index != 0:
+            self._assignment_checked = True
+            return
+        coordinator = getattr(consumer, "_coordinator", None)
+        if coordinator is None or getattr(coordinator, "_is_leader", False):
+            self._assignment_checked = True  # this member assigned from fresh metadata
+            return
+        partitions = consumer._cluster.partitions_for_topic(self._topic)
+        if not partitions:
+            return  # no metadata yet: ask again after the next poll
+        self._assignment_checked = True
+        from consumers.admin import rebalance_if_stale
+
+        try:
+            held = rebalance_if_stale(self.settings, self.shard_index, set(partitions))
+        except Exception as exc:  # e.g. no DESCRIBE permission on the group: keep going
+            log.info(
+                "shard %d: could not check the group's assignment: %s",
+                self.shard_index,
+                type(exc).__name__,
+            )
+            return
+        if held is not None:
+            log.warning(
+                "shard %d: group %r holds partitions %s of topic %r, which has %s (an "
+                "assignment kept from before the topic changed); made the group rebalance",
+                self.shard_index,
+                self.settings.group_id,
+                sorted(held),
+                self._topic,
+                sorted(partitions),
+            )
+            self.hooks.on_error("stale_assignment", RuntimeError("stale group assignment"))
 
     def _rebalance_stuck(self, consumer: Any) -> bool:
         """True when this member has not been STABLE in the group for ``_stuck_after_s``.
@@ -637,6 +695,11 @@ class Shard:
         self, consumer: Any, partitions: list[int], *, forget_offsets: bool
     ) -> None:
         """Drop ``partitions`` as lost (no commit) and close ``consumer``; the poller may reopen."""
+        if self._listener is not None:
+            # Closing the consumer revokes its partitions once more (a commit through a
+            # consumer that is gone; for a deleted topic, a rewind to its old offsets).
+            self._listener.detached = True
+            self._listener = None
         if partitions:
             self._revoked(partitions, lost=True)
         with self._cond:

@@ -77,7 +77,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "shard_runtime",
         _S,
-        "thread",
+        "auto",
         "run each shard's consumer on a thread, or in a child process (past one core's parse "
         "rate); auto: processes when there are 2+ shards and 2+ usable CPU cores, else threads",
         choices=("auto", "thread", "process"),
@@ -375,9 +375,6 @@ def resolve_shard_runtime(runtime: str, shards: int) -> ShardRuntime:
     kafka-python parses records in Python, so thread shards share one core's parse rate; on
     the 2-core benchmark machine process shards gave the worker 1.42x the samples/s of thread
     shards (benchmarks/README.md). With one core or one shard a process only adds a hop.
-    Not the default yet: with ``auto`` as the default, the full suite found process shards
-    failing to pick up a deleted and recreated topic in group mode (assigned nothing, again
-    and again).
     """
     if runtime != "auto":
         return runtime  # type: ignore[return-value]

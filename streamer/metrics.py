@@ -48,6 +48,7 @@ KafkaErrorType = Literal[
     "commit",
     "dead_letter",
     "rebalance_stuck",
+    "stale_assignment",
     "other",
 ]
 QueueStage = Literal["shard", "prefetch"]
