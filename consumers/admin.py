@@ -10,7 +10,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import kafka.errors as kerrors
 from kafka import KafkaConsumer, TopicPartition
@@ -18,13 +18,14 @@ from kafka import KafkaConsumer, TopicPartition
 from consumers.errors import (
     AuthenticationError,
     BrokerUnavailableError,
+    StreamerError,
     TlsHandshakeError,
     TopicNotFoundError,
 )
 from consumers.settings import ConsumerSettings, SecuritySettings
 from consumers.shard import _AUTH_ERRORS
 
-__all__ = ["PartitionLag", "group_lag", "rebalance_if_stale", "wait_for_topic"]
+__all__ = ["GroupCheck", "PartitionLag", "group_lag", "rebalance_if_stale", "wait_for_topic"]
 
 log = logging.getLogger(__name__)
 
@@ -385,24 +386,36 @@ def group_lag(
     return out
 
 
+@dataclass(frozen=True)
+class GroupCheck:
+    """What ``rebalance_if_stale`` found: ``outcome`` is ``"ok"`` (the group's assignment
+    matches the topic), ``"repaired"`` (it did not; the group was made to rebalance) or
+    ``"busy"`` (rebalancing already, or not readable: ask again later)."""
+
+    outcome: Literal["ok", "repaired", "busy"]
+    held: frozenset[int] = frozenset()
+    partitions: frozenset[int] = frozenset()
+
+
 def rebalance_if_stale(
-    settings: ConsumerSettings,
-    shard_index: int,
-    partitions: set[int],
-    *,
-    timeout_ms: int = 10_000,
-) -> set[int] | None:
+    settings: ConsumerSettings, shard_index: int, *, timeout_ms: int = 5_000
+) -> GroupCheck:
     """Make the group rebalance when its stored assignment does not match the topic.
 
     A static member (``group_instance_id``) that rejoins a stable group gets its stored
     assignment back without a rebalance, and kafka-python (JoinGroup v7, no KIP-814
     ``skip_assignment``) then has no member that watches the topic's partitions. An
     assignment made while the topic was deleted (nothing), or before partitions were added,
-    then stays forever. Reads the group (DescribeGroups); when the partitions of
-    ``settings.topic`` its members hold differ from ``partitions`` (the topic's, from fresh
-    metadata), removes this shard's static member (LeaveGroup by instance id), which makes
-    the group rebalance with a leader that assigns from fresh metadata; the removed
-    consumer rejoins on its own. Returns the held partitions when it did so, else None.
+    then stays until something else rebalances the group.
+
+    Reads the topic's partitions and the group (DescribeGroups) through one admin client;
+    when the partitions of ``settings.topic`` the members hold differ from the topic's,
+    removes this shard's static member (LeaveGroup by instance id). The group rebalances
+    with a leader that assigns from fresh metadata, and the removed consumer rejoins on its
+    own (its partitions are lost, not committed: duplicates, never a gap).
+
+    Raises ``StreamerError`` when the broker refused the removal, and kafka-python's
+    errors when a request failed.
     """
     from kafka.admin import KafkaAdminClient, MemberToRemove
 
@@ -415,21 +428,27 @@ def rebalance_if_stale(
         request_timeout_ms=timeout_ms,
     )
     try:
+        topic: dict[str, Any] = next(iter(admin.describe_topics([settings.topic])), {})
+        if topic.get("error_code") or not topic.get("partitions"):
+            return GroupCheck("busy")  # the topic is gone (again): the shard deals with that
+        partitions = frozenset(int(p["partition_index"]) for p in topic["partitions"])
         group = admin.describe_groups([settings.group_id]).get(settings.group_id) or {}
         if group.get("error") or group.get("group_state") != "Stable":
-            return None  # rebalancing already (or not readable): nothing to repair now
+            return GroupCheck("busy", partitions=partitions)
         held: set[int] = set()
         for member in group.get("members") or []:
             assignment = member.get("member_assignment")
+            if not assignment:
+                continue  # an empty assignment (kafka-python leaves b"" undecoded)
             if not isinstance(assignment, dict):
-                return None  # not a consumer-protocol assignment we can read
+                return GroupCheck("busy", partitions=partitions)  # not the consumer protocol
             for entry in assignment.get("assigned_partitions") or []:
                 if entry.get("topic") == settings.topic:
                     held.update(int(p) for p in entry.get("partitions") or [])
         if held == partitions:
-            return None
+            return GroupCheck("ok", frozenset(held), partitions)
         instance = settings.group_instance_id(shard_index)
-        admin.remove_group_members(
+        result = admin.remove_group_members(
             settings.group_id,
             [
                 MemberToRemove(
@@ -439,6 +458,12 @@ def rebalance_if_stale(
                 )
             ],
         )
-        return held
+        errors = [err for err in result.values() if err is not kerrors.NoError]
+        if errors:
+            raise StreamerError(
+                f"the broker refused to remove group member {instance!r} of group "
+                f"{settings.group_id!r}: {errors[0].__name__}"
+            )
+        return GroupCheck("repaired", frozenset(held), partitions)
     finally:
         admin.close()

@@ -135,7 +135,7 @@ class _ForwardLogs(logging.Handler):
 def _logger_levels() -> dict[str, int]:
     """The parent's logging levels: the root's and every logger's that has one of its own."""
     levels = {"": logging.getLogger().level}
-    for name, logger in logging.root.manager.loggerDict.items():
+    for name, logger in list(logging.root.manager.loggerDict.items()):
         if isinstance(logger, logging.Logger) and logger.level != logging.NOTSET:
             levels[name] = logger.level
     return levels

@@ -168,6 +168,7 @@ class ConsumerSettings:
     session_timeout_ms: int = 45_000
     heartbeat_interval_ms: int = 1_000
     request_timeout_ms: int = 30_000
+    metadata_max_age_ms: int = 300_000
     poll_timeout_ms: int = 100
     queue_max_blocks: int = 8
     client_id: str = "streamer"
@@ -208,6 +209,7 @@ class ConsumerSettings:
             "session_timeout_ms",
             "heartbeat_interval_ms",
             "request_timeout_ms",
+            "metadata_max_age_ms",
             "poll_timeout_ms",
             "queue_max_blocks",
             "bootstrap_timeout_ms",
@@ -263,6 +265,7 @@ class ConsumerSettings:
             "session_timeout_ms": self.session_timeout_ms,
             "heartbeat_interval_ms": self.heartbeat_interval_ms,
             "request_timeout_ms": self.request_timeout_ms,
+            "metadata_max_age_ms": self.metadata_max_age_ms,
             "bootstrap_timeout_ms": self.bootstrap_timeout_ms,
             "check_crcs": True,
         }

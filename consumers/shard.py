@@ -93,6 +93,8 @@ _install_repeat_filter("kafka.coordinator.consumer")
 
 # How long one call waits for a group (re)join to finish (see Shard._await_join).
 _JOIN_WAIT_MS = 3000
+#: How long Shard._check_group_assignment waits before asking the broker again.
+_GROUP_CHECK_RETRY_S = 30.0
 
 _MISSING_TOPIC_LOG_S = 30.0
 _missing_topic_logged: dict[str, float] = {}
@@ -303,7 +305,10 @@ class Shard:
         #: True while the topic does not exist (deleted mid-stream, or not created again yet).
         self._topic_missing = False
         self._listener: _Listener | None = None
-        self._assignment_checked = False  # _check_group_assignment ran for this consumer
+        #: The topic's partitions (this consumer's metadata) the group's assignment was last
+        #: found to match, and when _check_group_assignment may ask the broker again.
+        self._group_checked: frozenset[int] | None = None
+        self._group_check_after = 0.0
         self.last_record_monotonic = time.monotonic()
         self.last_rebalance_monotonic = time.monotonic()
         self.records_polled = 0
@@ -365,7 +370,8 @@ class Shard:
                     consumer.close(autocommit=False)
                     return None
                 self._consumer = consumer
-            self._assignment_checked = False
+            self._group_checked = None
+            self._group_check_after = 0.0
             if self.topic_missing:
                 self.topic_missing = False
                 log.warning(
@@ -564,7 +570,7 @@ class Shard:
             if self._rebalance_stuck(consumer):
                 self._reopen_stuck(consumer)
                 return True
-            if self._stable and not self._assignment_checked:
+            if self._stable:
                 self._check_group_assignment(consumer)
             if not self._stop.is_set() and self._topic_gone(consumer):
                 self._drop_topic(consumer)
@@ -608,48 +614,61 @@ class Shard:
         coordinator.request_rejoin()
 
     def _check_group_assignment(self, consumer: Any) -> None:
-        """Once per consumer, at its first stable join: repair a stale group assignment.
+        """Repair a group assignment that does not match the topic (shard 0, when stable).
 
         A static member that rejoins a stable group gets its stored assignment back without
         a rebalance, and then no member watches the topic (kafka-python leaves that to the
         member that computed the assignment). If the topic was deleted and created again, or
-        gained partitions, meanwhile, the group would keep the old assignment (nothing, for
-        a recreated topic) until something else rebalances it. Shard 0 of each worker
-        compares the group's assignment with the topic's partitions and, when they differ,
-        makes the group rebalance (``consumers.admin.rebalance_if_stale``). Shards that
-        assigned the partitions themselves watch the topic already.
+        gained partitions, the group would keep the old assignment (nothing, for a recreated
+        topic) until something else rebalances it. Shard 0 of each worker compares the
+        group's assignment with the topic's partitions at its first stable join and whenever
+        its metadata shows other partitions, and when they differ makes the group rebalance
+        (``consumers.admin.rebalance_if_stale``). A member that computed the assignment
+        watches the topic already. Checks that could not decide are retried every
+        ``_GROUP_CHECK_RETRY_S``.
         """
         if self.settings.mode != "group" or self.shard_index != 0:
-            self._assignment_checked = True
             return
         coordinator = getattr(consumer, "_coordinator", None)
-        if coordinator is None or getattr(coordinator, "_is_leader", False):
-            self._assignment_checked = True  # this member assigned from fresh metadata
+        if coordinator is None or getattr(coordinator, "_is_leader", True):
+            return  # this member assigned from fresh metadata and watches the topic itself
+        cached = consumer._cluster.partitions_for_topic(self._topic)
+        if not cached or frozenset(cached) == self._group_checked:
             return
-        partitions = consumer._cluster.partitions_for_topic(self._topic)
-        if not partitions:
-            return  # no metadata yet: ask again after the next poll
-        self._assignment_checked = True
+        now = time.monotonic()
+        if now < self._group_check_after:
+            return
+        self._group_check_after = now + _GROUP_CHECK_RETRY_S
         from consumers.admin import rebalance_if_stale
 
         try:
-            held = rebalance_if_stale(self.settings, self.shard_index, set(partitions))
-        except Exception as exc:  # e.g. no DESCRIBE permission on the group: keep going
-            log.info(
-                "shard %d: could not check the group's assignment: %s",
+            # Commit what is done first: a repair drops this member's partitions uncommitted.
+            self._flush_commits(sync=True, timeout_ms=5000)
+            check = rebalance_if_stale(self.settings, self.shard_index)
+        except Exception as exc:  # e.g. no DESCRIBE permission on the group
+            log.warning(
+                "shard %d: could not compare group %r's assignment with topic %r (%s); "
+                "trying again in %.0fs",
                 self.shard_index,
-                type(exc).__name__,
+                self.settings.group_id,
+                self._topic,
+                exc if isinstance(exc, StreamerError) else type(exc).__name__,
+                _GROUP_CHECK_RETRY_S,
             )
+            self.hooks.on_error("other", exc)
             return
-        if held is not None:
+        if check.outcome == "busy":
+            return  # rebalancing already, or the topic is changing: ask again later
+        self._group_checked = frozenset(cached)
+        if check.outcome == "repaired":
             log.warning(
                 "shard %d: group %r holds partitions %s of topic %r, which has %s (an "
                 "assignment kept from before the topic changed); made the group rebalance",
                 self.shard_index,
                 self.settings.group_id,
-                sorted(held),
+                sorted(check.held),
                 self._topic,
-                sorted(partitions),
+                sorted(check.partitions),
             )
             self.hooks.on_error("stale_assignment", RuntimeError("stale group assignment"))
 
@@ -677,8 +696,6 @@ class Shard:
 
     def _reopen_stuck(self, consumer: Any) -> None:
         """Close a consumer stuck outside the group; the poller opens a fresh one (same ids)."""
-        with self._cond:
-            partitions = sorted(self._assigned_set)
         log.warning(
             "shard %d: not a stable member of group %r for %.0fs (kafka-python did not "
             "complete the rejoin); recreating its consumer",
@@ -689,31 +706,37 @@ class Shard:
         self.hooks.on_error("rebalance_stuck", TimeoutError("rejoin did not complete"))
         self._unstable_since = None
         # Without a stable generation nothing can be committed: drop what is owned.
-        self._discard_consumer(consumer, partitions, forget_offsets=False)
+        self._discard_consumer(consumer, forget_offsets=False)
 
-    def _discard_consumer(
-        self, consumer: Any, partitions: list[int], *, forget_offsets: bool
-    ) -> None:
-        """Drop ``partitions`` as lost (no commit) and close ``consumer``; the poller may reopen."""
+    def _discard_consumer(self, consumer: Any, *, forget_offsets: bool) -> None:
+        """Drop what the consumer owns as lost (no commit), close it; the poller may reopen."""
         if self._listener is not None:
             # Closing the consumer revokes its partitions once more (a commit through a
             # consumer that is gone; for a deleted topic, a rewind to its old offsets).
             self._listener.detached = True
             self._listener = None
+        with self._cond:
+            partitions = sorted(self._assigned_set)
         if partitions:
             self._revoked(partitions, lost=True)
         with self._cond:
             self._consumer = None
+        try:
+            consumer.close(autocommit=False, timeout_ms=5000)
+        except Exception as exc:  # best effort: the client may be in any state
+            log.debug("shard %d: closing the consumer: %r", self.shard_index, exc)
+        with self._cond:
+            # An assignment that passed the listener just before it was detached.
+            late = sorted(self._assigned_set)
+        if late:
+            self._revoked(late, lost=True)
+        with self._cond:
             self._unseeded.clear()
             self._paused_count = 0
             if forget_offsets:
                 self._commits.clear()
                 self._rewind.clear()
                 self._position.clear()
-        try:
-            consumer.close(autocommit=False, timeout_ms=5000)
-        except Exception as exc:  # best effort: the client may be in any state
-            log.debug("shard %d: closing the consumer: %r", self.shard_index, exc)
 
     def _topic_gone(self, consumer: Any) -> bool:
         """True once the client's metadata has lacked the topic for a second of refreshes.
@@ -755,7 +778,7 @@ class Shard:
         self.topic_missing = True
         self.hooks.on_error("topic_missing", TopicNotFoundError(self._topic))
         # Offsets of the deleted topic mean nothing for the new one.
-        self._discard_consumer(consumer, partitions, forget_offsets=True)
+        self._discard_consumer(consumer, forget_offsets=True)
 
     def _read_group_commits(self) -> None:
         """Report the group's committed offsets of new partitions (outside the rebalance callback).

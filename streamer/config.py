@@ -132,6 +132,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_poll_interval_ms", _I, 300_000, "kafka-python max_poll_interval_ms", group="kafka"),
     Option("session_timeout_ms", _I, 45_000, "kafka-python session_timeout_ms", group="kafka"),
     Option(
+        "metadata_max_age_ms",
+        _I,
+        300_000,
+        "kafka-python metadata_max_age_ms: topic metadata is refreshed at least this often, "
+        "so partitions added to the topic are consumed within about this time",
+        group="kafka",
+    ),
+    Option(
         "dead_letter_topic",
         _S,
         None,
@@ -401,6 +409,7 @@ class WorkerConfig:
     queue_max_blocks: int
     max_poll_interval_ms: int
     session_timeout_ms: int
+    metadata_max_age_ms: int
     dead_letter_topic: str | None
     security_protocol: str
     sasl_mechanism: str | None
@@ -582,6 +591,7 @@ class WorkerConfig:
             max_poll_interval_ms=self.max_poll_interval_ms,
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=min(1000, self.session_timeout_ms // 3),
+            metadata_max_age_ms=self.metadata_max_age_ms,
             security=self.security_settings(),
         )
 
