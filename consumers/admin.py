@@ -262,8 +262,11 @@ def wait_for_topic(
     health: _Readiness | None = None,
     stop: threading.Event | None = None,
     topic_wait_s: float | None = None,
+    topic_ids: dict[str, str] | None = None,
 ) -> list[int]:
     """Wait until the broker answers and the topic exists; returns its partitions.
+
+    ``topic_ids``, if given, receives the topic's id (Kafka's UUID, where the broker sends it).
 
     Bounded retries with exponential backoff while no broker answers: ``attempts`` probes of
     up to ``settings.bootstrap_timeout_ms`` each (defaults: 4 x 10 s plus 1 + 2 + 4 s of
@@ -308,8 +311,14 @@ def wait_for_topic(
             continue
         try:
             parts = consumer.partitions_for_topic(settings.topic)
+            cluster: Any = getattr(consumer, "_cluster", None)
+            topic_id = (
+                cluster.topic_id(settings.topic) if parts and hasattr(cluster, "topic_id") else None
+            )
         finally:
             consumer.close(autocommit=False)
+        if topic_ids is not None and topic_id is not None:
+            topic_ids[settings.topic] = str(topic_id)
         if parts:
             if waited_topic:
                 log.info("topic %r exists now: %d partitions", settings.topic, len(parts))

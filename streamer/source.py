@@ -138,6 +138,13 @@ class _Hooks(ShardHooks):
     def on_topic_missing(self, shard_index: int, missing: bool) -> None:
         with self._s._lock:
             self._s.topic_missing = missing
+            if missing and self._s._restore:
+                # A topic that exists again is a new topic: checkpoint offsets of the old
+                # one would skip its records.
+                log.warning(
+                    "topic %r is missing: its checkpoint offsets no longer apply", self._s.topic
+                )
+                self._s._restore.clear()
 
     def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
         if self._s.metrics is not None:

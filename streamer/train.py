@@ -106,6 +106,11 @@ class Checkpointer:
     def __init__(self, directory: str, bundle: ModelBundle, *, topic: str, keep: int = 3) -> None:
         self.directory = directory
         self.topic = topic
+        #: The topic's id (Kafka's UUID) where known: saved with the offsets, so that offsets
+        #: of a topic that was deleted and created again under the same name are not applied.
+        self.topic_id: str | None = None
+        #: The id saved in the checkpoint that ``restore()`` read ("" when it had none).
+        self.restored_topic_id = ""
         self._step = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self._parts = tf.Variable(
             tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False
@@ -135,7 +140,8 @@ class Checkpointer:
             return None
         self._ckpt.restore(path).assert_existing_objects_matched()
         step = int(self._step.numpy())
-        topic = self._topic.numpy().decode()
+        # "name" (older checkpoints) or "name\nid": names cannot hold a newline.
+        topic, _, self.restored_topic_id = self._topic.numpy().decode().partition("\n")
         offsets = {
             int(p): int(o) for p, o in zip(self._parts.numpy(), self._offsets.numpy(), strict=True)
         }
@@ -155,6 +161,6 @@ class Checkpointer:
         self._step.assign(step)
         self._parts.assign(np.asarray(parts, dtype=np.int64))
         self._offsets.assign(np.asarray([offsets[p] for p in parts], dtype=np.int64))
-        self._topic.assign(self.topic)
+        self._topic.assign(f"{self.topic}\n{self.topic_id}" if self.topic_id else self.topic)
         path: str = self.manager.save(checkpoint_number=step)
         return path

@@ -252,3 +252,67 @@ def _committed(bootstrap: str, group: str, topic: str) -> dict[int, int]:
     out = committed_offsets(bootstrap, group, topic)
     assert all(v is not None for v in out.values()), out
     return {p: int(v) for p, v in out.items() if v is not None}
+
+
+# ---- a checkpoint of a topic that was deleted and created again ---------------------------
+
+
+@pytest.mark.timeout(420)
+def test_checkpoint_offsets_of_a_deleted_topic_are_not_applied_to_its_successor(
+    kafka_bootstrap: str, kafka_admin: Any, tmp_path: Path
+) -> None:
+    """A worker checkpoints a topic to its end and stops; the topic is deleted and created
+    again, longer. The next worker restores the model but not the offsets (the checkpoint
+    records the topic's id): every record of the new topic is trained, none skipped."""
+    topic = f"reborn-{uuid.uuid4().hex[:10]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    ckpt = tmp_path / "ckpt"
+    produce(kafka_bootstrap, topic, 600, partitions=2)
+
+    def run(name: str) -> tuple[Path, str]:
+        audit = tmp_path / f"audit-{name}.csv"
+        worker = start_worker(
+            worker_args(
+                kafka_bootstrap,
+                topic,
+                group,
+                audit,
+                shards=2,
+                batch_size=50,
+                stop_after_idle=5,
+                checkpoint_dir=ckpt,
+                extra=["--idle-timeout", "3"],
+            ),
+            tmp_path / f"worker-{name}.log",
+        )
+        try:
+            assert worker.wait(240) == 0, worker.tail()
+        finally:
+            worker.kill()
+        return audit, worker.log()
+
+    try:
+        first_audit, _ = run("1")
+        assert audit_lines(first_audit) >= 600
+        kafka_admin.delete_topics([topic])
+        deadline = time.monotonic() + 60
+        while topic in kafka_admin.list_topics():
+            assert time.monotonic() < deadline, "the topic was not deleted"
+            time.sleep(0.5)
+        produce(kafka_bootstrap, topic, 900, partitions=2, seed=1)
+        ends = end_offsets(kafka_bootstrap, topic)
+        second_audit, log = run("2")
+    finally:
+        try:
+            kafka_admin.delete_topics([topic])
+        except Exception as exc:  # already gone after a failure in between
+            print(f"topic clean-up: {exc}")
+    assert sum(ends.values()) == 900 and all(e > 300 for e in ends.values()), ends
+    assert "checkpoint offsets are for an earlier topic" in log, log[-3000:]
+    trained = {
+        (int(p), int(o))
+        for _, p, o in (ln.rsplit(",", 2) for ln in second_audit.read_text("ascii").splitlines())
+    }
+    expected = {(p, o) for p, end in ends.items() for o in range(end)}
+    missing = sorted(expected - trained)
+    assert not missing, f"records of the new topic never trained: {summarize(missing)}"
