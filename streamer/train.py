@@ -156,6 +156,27 @@ class Checkpointer:
         log.info("restored %s: step %d, offsets %s", path, step, offsets)
         return step, offsets
 
+    def adopt_topic_id(self, topic_id: str | None) -> bool:
+        """Save ``topic_id`` (the topic's id now) from here on; False when the restored offsets
+        were saved for an earlier topic of the same name.
+
+        A topic deleted and created again is a new topic (offsets from 0): offsets saved for
+        the old one would skip its records. The model still applies; the offsets then come
+        from the group's commits (those of the old topic were deleted with it).
+        """
+        self.topic_id = topic_id
+        saved = self.restored_topic_id
+        if topic_id and saved and saved != topic_id:
+            log.warning(
+                "checkpoint offsets are for an earlier topic %r (id %s; now %s: deleted and "
+                "created again); restoring the model only, offsets from the group's commits",
+                self.topic,
+                saved,
+                topic_id,
+            )
+            return False
+        return True
+
     def save(self, step: int, offsets: Mapping[int, int]) -> str:
         parts = sorted(offsets)
         self._step.assign(step)

@@ -302,8 +302,10 @@ class Worker:
 
             ids: dict[str, str] = {}
             wait_for_topic(consumer, health=self.health, stop=self._stopping, topic_ids=ids)
-            if self.checkpointer is not None:
-                restore = self._check_topic_id(self.checkpointer, ids.get(cfg.topic), restore)
+            if self.checkpointer is not None and not self.checkpointer.adopt_topic_id(
+                ids.get(cfg.topic)
+            ):
+                restore = self.restored_offsets = {}
             if cfg.dead_letter_topic:
                 from streamer.deadletter import DeadLetterWriter
 
@@ -338,29 +340,6 @@ class Worker:
         tune_gc()  # start-up is done: its objects leave every later collection
         self._monitor = threading.Thread(target=self._watch, name="streamer-readiness", daemon=True)
         self._monitor.start()
-
-    def _check_topic_id(
-        self, checkpointer: Checkpointer, topic_id: str | None, restore: dict[int, int]
-    ) -> dict[int, int]:
-        """The checkpoint's offsets, unless they belong to another topic of the same name.
-
-        A topic deleted and created again is a new topic (offsets from 0): offsets saved for
-        the old one would skip its records. The group's commits of the old topic were
-        deleted with it, so the new one is read from its start.
-        """
-        checkpointer.topic_id = topic_id
-        saved = checkpointer.restored_topic_id
-        if restore and topic_id and saved and saved != topic_id:
-            log.warning(
-                "checkpoint offsets are for an earlier topic %r (id %s; now %s: deleted and "
-                "created again); restoring the model only, offsets from the group's commits",
-                self.config.topic,
-                saved,
-                topic_id,
-            )
-            self.restored_offsets = {}
-            return {}
-        return restore
 
     def _build_online(self) -> None:
         """Export, TensorBoard summaries, the profiler window and evaluation, as configured."""
