@@ -17,6 +17,17 @@ class RecordBlock:
     >>> b = RecordBlock.from_columns("t", [b"a", b"b"], [0, 0], [5, 6], [1000, 1001])
     >>> len(b), b.next_offsets()
     (2, {0: 7})
+
+    ``ends`` carries, per partition, the consumer's position after the poll when it is past
+    the block's last record: offsets that hold no record for us (transaction commit and abort
+    markers, aborted transactions under ``read_committed``, compacted-away records). Every
+    offset of such a partition below its end was in this block or an earlier block of the
+    same shard, so once those are done the commit point may move to the end. A block may hold
+    ends and no record at all (a poll that only passed markers).
+
+    >>> gap = RecordBlock.from_columns("t", [], [], [], [], ends={0: 9})
+    >>> len(gap), gap.partitions(), gap.next_offsets()
+    (0, [0], {0: 9})
     """
 
     topic: str
@@ -28,6 +39,9 @@ class RecordBlock:
     #: The emitting shard's assignment serial (consumers.Shard.serial) when it was polled:
     #: a block polled before a rebalance is told apart from one polled after it.
     serial: int = field(default=0)
+    #: Per partition, the consumer's position after this block where it is past the block's
+    #: last record (see the class docstring); empty in the common case.
+    ends: dict[int, int] = field(default_factory=dict)
 
     @classmethod
     def from_columns(
@@ -38,6 +52,7 @@ class RecordBlock:
         offset: list[int] | npt.NDArray[np.int64],
         timestamp_ms: list[int] | npt.NDArray[np.int64],
         serial: int = 0,
+        ends: dict[int, int] | None = None,
     ) -> RecordBlock:
         return cls(
             topic=topic,
@@ -47,29 +62,34 @@ class RecordBlock:
             timestamp_ms=np.asarray(timestamp_ms, dtype=np.int64),
             nbytes=sum(len(v) for v in values),
             serial=serial,
+            ends=dict(ends or {}),
         )
 
     def __len__(self) -> int:
         return len(self.values)
 
     def partitions(self) -> list[int]:
-        return sorted({int(p) for p in np.unique(self.partition)})
+        """The partitions this block has records or an end of."""
+        return sorted({int(p) for p in np.unique(self.partition)} | set(self.ends))
 
     def next_offsets(self) -> dict[int, int]:
-        """Per partition, the offset after the last record in this block."""
-        out: dict[int, int] = {}
+        """Per partition, the offset after the last record in this block (or its end)."""
+        out: dict[int, int] = dict(self.ends)
         for p in np.unique(self.partition):
-            out[int(p)] = int(self.offset[self.partition == p].max()) + 1
+            last = int(self.offset[self.partition == p].max()) + 1
+            out[int(p)] = max(last, out.get(int(p), last))
         return out
 
     def without_partitions(self, revoked: set[int]) -> RecordBlock | None:
-        """This block less the records of ``revoked`` partitions (None when nothing is left)."""
+        """This block less the records and ends of ``revoked`` partitions (None when nothing
+        is left)."""
         if not revoked:
             return self
         keep = ~np.isin(self.partition, np.fromiter(revoked, dtype=np.int32))
-        if keep.all():
+        ends = {p: e for p, e in self.ends.items() if p not in revoked}
+        if keep.all() and len(ends) == len(self.ends):
             return self
-        if not keep.any():
+        if not keep.any() and not ends:
             return None
         idx = np.flatnonzero(keep)
         return RecordBlock.from_columns(
@@ -79,4 +99,5 @@ class RecordBlock:
             self.offset[idx],
             self.timestamp_ms[idx],
             self.serial,
+            ends,
         )

@@ -31,7 +31,15 @@ _HEADER = struct.Struct("<Q")
 def _pack_block(block: RecordBlock) -> bytes:
     lengths = np.fromiter((len(v) for v in block.values), dtype=np.int64, count=len(block.values))
     header = pickle.dumps(
-        (block.topic, block.partition, block.offset, block.timestamp_ms, lengths, block.serial),
+        (
+            block.topic,
+            block.partition,
+            block.offset,
+            block.timestamp_ms,
+            lengths,
+            block.serial,
+            block.ends,
+        ),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
     return b"".join((_HEADER.pack(len(header)), header, *block.values))
@@ -40,11 +48,11 @@ def _pack_block(block: RecordBlock) -> bytes:
 def _unpack_block(data: bytes) -> RecordBlock:
     (hlen,) = _HEADER.unpack_from(data)
     start = _HEADER.size + hlen
-    topic, partition, offset, ts, lengths, serial = pickle.loads(data[_HEADER.size : start])  # noqa: S301 - our own child
-    ends = (np.cumsum(lengths) + start).tolist()
-    starts = [start, *ends[:-1]]
-    values = [data[a:b] for a, b in zip(starts, ends, strict=True)]
-    return RecordBlock(topic, values, partition, offset, ts, int(lengths.sum()), serial)
+    topic, partition, offset, ts, lengths, serial, ends = pickle.loads(data[_HEADER.size : start])  # noqa: S301 - our own child
+    stops = (np.cumsum(lengths) + start).tolist()
+    starts = [start, *stops[:-1]]
+    values = [data[a:b] for a, b in zip(starts, stops, strict=True)]
+    return RecordBlock(topic, values, partition, offset, ts, int(lengths.sum()), serial, ends)
 
 
 class _ChildHooks(ShardHooks):
@@ -91,6 +99,9 @@ class _ChildHooks(ShardHooks):
             self._send(("poll", self._poll[0], self._poll[1], highwater, position))
             self._poll = [0, 0]
             self._last_poll_sent = now
+
+    def on_stable_offsets(self, shard_index: int, offsets: dict[int, int]) -> None:
+        self._send(("stable", offsets))
 
     def on_commit(
         self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
@@ -339,7 +350,8 @@ class ProcessShard:
                     block = block.without_partitions(gone)  # type: ignore[assignment]
                 if block is not None:
                     self._queue.append(block)
-                    self.last_record_monotonic = time.monotonic()
+                    if len(block):
+                        self.last_record_monotonic = time.monotonic()
                     self._cond.notify_all()
 
     def _read_events(self) -> None:
@@ -381,6 +393,8 @@ class ProcessShard:
                 self.hooks.on_poll(self.shard_index, msg[1], msg[2], msg[3], msg[4])
             elif kind == "commit":
                 self.hooks.on_commit(msg[1], msg[2], msg[3], msg[4])
+            elif kind == "stable":
+                self.hooks.on_stable_offsets(self.shard_index, msg[1])
             elif kind == "error":
                 self.hooks.on_error(msg[1], StreamerError(msg[2]))
             elif kind == "paused":

@@ -13,6 +13,7 @@ from consumers.errors import ConfigError
 __all__ = [
     "AutoOffsetReset",
     "ConsumerSettings",
+    "IsolationLevel",
     "SaslMechanism",
     "Secret",
     "SecurityProtocol",
@@ -24,11 +25,13 @@ __all__ = [
 ShardMode = Literal["group", "static"]
 ShardRuntime = Literal["thread", "process"]
 AutoOffsetReset = Literal["earliest", "latest", "none"]
+IsolationLevel = Literal["read_committed", "read_uncommitted"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 _MODES = ("group", "static")
 _RESETS = ("earliest", "latest", "none")
+_ISOLATION = ("read_committed", "read_uncommitted")
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _BOOTSTRAP_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
@@ -149,8 +152,11 @@ class ConsumerSettings:
     """Everything a shard needs to consume one topic. Validated on construction.
 
     >>> s = ConsumerSettings(bootstrap_servers="127.0.0.1:9092", topic="samples", group_id="g")
-    >>> s.mode, s.auto_offset_reset, s.num_shards
-    ('group', 'earliest', 2)
+    >>> s.mode, s.auto_offset_reset, s.num_shards, s.isolation_level
+    ('group', 'earliest', 2, 'read_committed')
+
+    ``isolation_level`` is ``read_committed`` by default (kafka-python's default is
+    ``read_uncommitted``): records of aborted transactions are never handed over.
     """
 
     bootstrap_servers: str
@@ -161,6 +167,7 @@ class ConsumerSettings:
     num_shards: int = 2
     worker_id: str = "worker-0"
     auto_offset_reset: AutoOffsetReset = "earliest"
+    isolation_level: IsolationLevel = "read_committed"
     max_poll_records: int = 1000
     fetch_max_bytes: int = 52_428_800
     max_partition_fetch_bytes: int = 1_048_576
@@ -200,6 +207,8 @@ class ConsumerSettings:
             raise ConfigError("shard_runtime", self.shard_runtime, "thread or process")
         if self.auto_offset_reset not in _RESETS:
             raise ConfigError("auto_offset_reset", self.auto_offset_reset, f"one of {_RESETS}")
+        if self.isolation_level not in _ISOLATION:
+            raise ConfigError("isolation_level", self.isolation_level, f"one of {_ISOLATION}")
         positive = (
             "num_shards",
             "max_poll_records",
@@ -258,6 +267,7 @@ class ConsumerSettings:
             # The shard applies auto_offset_reset itself, so that an out-of-range offset (data
             # deleted by retention: upstream loss) is counted and logged loudly, never silent.
             "auto_offset_reset": "none",
+            "isolation_level": self.isolation_level,
             "max_poll_records": self.max_poll_records,
             "fetch_max_bytes": self.fetch_max_bytes,
             "max_partition_fetch_bytes": self.max_partition_fetch_bytes,

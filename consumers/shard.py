@@ -95,6 +95,11 @@ _install_repeat_filter("kafka.coordinator.consumer")
 _JOIN_WAIT_MS = 3000
 #: How long Shard._check_group_assignment waits before asking the broker again.
 _GROUP_CHECK_RETRY_S = 30.0
+#: read_committed: how often a shard reads its partitions' last stable offsets (for lag), how
+#: long one read may take, and how long it waits after a failed one.
+_STABLE_EVERY_S = 2.0
+_STABLE_TIMEOUT_MS = 500
+_STABLE_RETRY_S = 10.0
 
 _MISSING_TOPIC_LOG_S = 30.0
 _missing_topic_logged: dict[str, float] = {}
@@ -110,6 +115,21 @@ def _missing_topic_notice(topic: str) -> bool:
             return False
         _missing_topic_logged[topic] = now
         return True
+
+
+def _consumed_positions(consumer: Any, topic: str) -> dict[int, int]:
+    """The consumer's position per assigned partition of ``topic``, without a network call.
+
+    ``KafkaConsumer.position()`` may refresh committed offsets and await resets (a network
+    round trip); kafka-python's subscription state holds the positions, moved past control
+    batches and aborted transactions by the fetcher. Empty if that state is unreadable.
+    """
+    subscription = getattr(consumer, "_subscription", None)
+    try:
+        consumed = subscription.all_consumed_offsets() if subscription is not None else {}
+    except Exception:  # an internal we read changed: commit points then stop at the last
+        return {}  # record (a trailing transaction marker would show as a lag of 1)
+    return {tp.partition: int(om.offset) for tp, om in consumed.items() if tp.topic == topic}
 
 
 class ShardHooks:
@@ -138,6 +158,9 @@ class ShardHooks:
         position: dict[int, int],
     ) -> None:
         """A poll returned (records may be 0); high watermarks and positions per partition."""
+
+    def on_stable_offsets(self, shard_index: int, offsets: dict[int, int]) -> None:
+        """read_committed: the last stable offset per assigned partition (read every few s)."""
 
     def on_commit(
         self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
@@ -293,6 +316,10 @@ class Shard:
         self._started = threading.Event()
         self._closed = False
         self._position: dict[int, int] = {}
+        #: Per partition, the offset up to which records (or ends) were handed over since
+        #: the partition was assigned or sought (see _ends).
+        self._covered: dict[int, int] = {}
+        self._stable_after = 0.0  # when _read_stable_offsets may ask again
         self._unseeded: set[int] = set()
         self._stable = True  # group mode: this member is STABLE (set by the poller)
         self._unstable_since: float | None = None
@@ -565,6 +592,7 @@ class Shard:
                 continue
             backoff = 0.1
             self._emit(polled, serial)
+            self._read_stable_offsets(consumer)
             if self._unseeded:
                 self._read_group_commits()
             if self._rebalance_stuck(consumer):
@@ -737,6 +765,7 @@ class Shard:
                 self._commits.clear()
                 self._rewind.clear()
                 self._position.clear()
+                self._covered.clear()
 
     def _topic_gone(self, consumer: Any) -> bool:
         """True once the client's metadata has lacked the topic for a second of refreshes.
@@ -830,18 +859,27 @@ class Shard:
                 f"partitions {sorted(tp.partition for tp in tps)} of {self._topic} {what} and "
                 "auto_offset_reset=none; set --auto-offset-reset earliest or latest"
             )
+        with self._cond:
+            for tp in tps:
+                self._covered.pop(tp.partition, None)
         if policy == "earliest":
             self._consumer.seek_to_beginning(*tps)
         else:
             self._consumer.seek_to_end(*tps)
 
     def _emit(self, polled: dict[Any, list[Any]], serial: int) -> None:
-        if serial != self.serial and any(polled.values()):
-            polled = self._drop_across_rebalance(polled)
+        # Read before the serial check: positions read after a rebalance that the check
+        # missed would belong to the new assignment.
+        positions = _consumed_positions(self._consumer, self._topic)
+        if serial != self.serial:
+            if any(polled.values()):
+                polled = self._drop_across_rebalance(polled)
+            positions = {}  # of another assignment: the next poll reports them
         values: list[bytes] = []
         partitions: list[int] = []
         offsets: list[int] = []
         timestamps: list[int] = []
+        last: dict[int, int] = {}
         for tp, records in polled.items():
             n = len(records)
             if not n:
@@ -851,7 +889,7 @@ class Shard:
                 values.append(r.value if r.value is not None else b"")
                 offsets.append(r.offset)
                 timestamps.append(r.timestamp)
-            self._position[tp.partition] = records[-1].offset + 1
+            last[tp.partition] = records[-1].offset + 1
             self._first_emitted.setdefault(tp.partition, records[0].offset)
         highwater: dict[int, int] = {}
         for p in self._assigned_snapshot():
@@ -862,12 +900,17 @@ class Shard:
             if hw is not None:
                 highwater[p] = hw
         block = None
-        if values:
-            block = RecordBlock.from_columns(self._topic, values, partitions, offsets, timestamps)
-            self.records_polled += len(block)
-            self.last_record_monotonic = time.monotonic()
-            with self._cond:
-                block = dataclasses.replace(block, serial=self.serial)
+        with self._cond:
+            ends = self._ends(last, positions)
+            for p, off in positions.items():
+                if p in self._assigned_set:
+                    self._position[p] = off
+            for p, off in last.items():
+                self._position[p] = max(off, self._position.get(p, off))
+            if values or ends:
+                block = RecordBlock.from_columns(
+                    self._topic, values, partitions, offsets, timestamps, self.serial, ends
+                )
                 revoked = set(block.partitions()) - self._assigned_set
                 if revoked:  # a rebalance raced the poll: never queue records we no longer own
                     self._note_rewind(block, revoked)
@@ -876,6 +919,9 @@ class Shard:
                     self._queue.append(block)
                     self._queued_records += len(block)
                     self._cond.notify_all()
+        if block is not None and len(block):
+            self.records_polled += len(block)
+            self.last_record_monotonic = time.monotonic()
         self.hooks.on_poll(
             self.shard_index,
             len(block) if block is not None else 0,
@@ -883,6 +929,56 @@ class Shard:
             highwater,
             dict(self._position),
         )
+
+    def _ends(self, last: dict[int, int], positions: dict[int, int]) -> dict[int, int]:
+        """Partitions whose consumer position moved past the records handed over (caller holds
+        the lock): transaction markers, aborted transactions and compacted gaps hold offsets
+        that no record fills. The first position seen after an assignment or a seek only
+        marks where the partition starts."""
+        ends: dict[int, int] = {}
+        for p in set(last) | set(positions):
+            if p not in self._assigned_set:
+                continue
+            pos = positions.get(p)
+            known = [x for x in (self._covered.get(p), last.get(p)) if x is not None]
+            if not known:
+                if pos is not None:
+                    self._covered[p] = pos
+                continue
+            covered = max(known)
+            if pos is not None and pos > covered:
+                ends[p] = covered = pos
+            self._covered[p] = covered
+        return ends
+
+    def _read_stable_offsets(self, consumer: Any) -> None:
+        """read_committed: report the last stable offsets of the assigned partitions.
+
+        Lag under read_committed counts up to what this isolation level can read: records of
+        an open transaction (between the last stable offset and the high watermark) cannot be
+        fetched yet, and must not look like a worker that is behind. kafka-python keeps no
+        last stable offset from fetch responses; ``end_offsets`` under read_committed asks the
+        broker for it (one ListOffsets request), every ``_STABLE_EVERY_S``.
+        """
+        if self.settings.isolation_level != "read_committed":
+            return
+        now = time.monotonic()
+        if now < self._stable_after:
+            return
+        parts = self._assigned_snapshot()
+        if not parts:
+            return
+        tps = [TopicPartition(self._topic, p) for p in parts]
+        try:
+            found = consumer.end_offsets(tps, timeout_ms=_STABLE_TIMEOUT_MS)
+        except Exception as exc:  # only a figure for the lag metric: try again later
+            log.debug("shard %d: reading last stable offsets: %r", self.shard_index, exc)
+            self._stable_after = now + _STABLE_RETRY_S
+            return
+        self._stable_after = now + _STABLE_EVERY_S
+        stable = {tp.partition: int(off) for tp, off in found.items() if off is not None}
+        if stable:
+            self.hooks.on_stable_offsets(self.shard_index, stable)
 
     def _drop_across_rebalance(self, polled: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
         """A rebalance ran while ``poll()`` did: drop what it returned and fetch it again.
@@ -901,6 +997,7 @@ class Shard:
                 if tp.partition in owned:
                     # Never past a seek the assignment made (a rewind or a checkpoint).
                     self._consumer.seek(tp, min(low, self._sought.get(tp.partition, low)))
+                    self._covered.pop(tp.partition, None)
                 else:
                     self._rewind[tp.partition] = min(low, self._rewind.get(tp.partition, low))
         log.debug("shard %d: dropped a poll that raced a rebalance", self.shard_index)
@@ -1037,6 +1134,7 @@ class Shard:
             for p in partitions:
                 self._first_emitted.pop(p, None)
                 self._committed.pop(p, None)
+                self._covered.pop(p, None)
             if self.settings.mode == "group":
                 self._unseeded = set(partitions)
             # kafka-python keeps the position of a partition that stays with this consumer
@@ -1073,6 +1171,7 @@ class Shard:
         self._consumer.seek(TopicPartition(self._topic, partition), offset)
         with self._cond:
             self._sought[partition] = min(offset, self._sought.get(partition, offset))
+            self._covered.pop(partition, None)
 
     def _revoked(self, partitions: list[int], *, lost: bool) -> None:
         """Drop revoked partitions' queued records; commit what the owner says is done.
@@ -1100,6 +1199,7 @@ class Shard:
             for p in gone:
                 self._commits.pop(p, None)
                 self._position.pop(p, None)
+                self._covered.pop(p, None)
             if lost:
                 log.warning(
                     "shard %d: partitions %s lost (not committing)",

@@ -116,6 +116,16 @@ OPTIONS: tuple[Option, ...] = (
         group="kafka",
     ),
     Option(
+        "isolation_level",
+        _S,
+        "read_committed",
+        "read_committed: records of aborted transactions are skipped and lag counts up to the "
+        "last stable offset; read_uncommitted: every record is read, aborted ones too "
+        "(kafka-python's isolation_level)",
+        choices=("read_committed", "read_uncommitted"),
+        group="kafka",
+    ),
+    Option(
         "max_poll_records",
         _I,
         1000,
@@ -405,6 +415,7 @@ class WorkerConfig:
     shards: int
     shard_runtime: str
     auto_offset_reset: str
+    isolation_level: str
     max_poll_records: int
     queue_max_blocks: int
     max_poll_interval_ms: int
@@ -586,6 +597,7 @@ class WorkerConfig:
             shard_runtime=resolve_shard_runtime(self.shard_runtime, self.shards),
             worker_id=self.worker_id,
             auto_offset_reset=self.auto_offset_reset,  # type: ignore[arg-type]
+            isolation_level=self.isolation_level,  # type: ignore[arg-type]
             max_poll_records=self.max_poll_records,
             queue_max_blocks=self.queue_max_blocks,
             max_poll_interval_ms=self.max_poll_interval_ms,

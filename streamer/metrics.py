@@ -135,6 +135,18 @@ class _PartitionState:
     committed: int = 0
     trained: int = 0
     last_trained_ms: int = -1
+    position: int = 0
+    #: read_committed: the last stable offset as last read (None: not read, or
+    #: read_uncommitted, where the high watermark is what can be read).
+    stable: int | None = None
+
+    def readable(self) -> int:
+        """The end of what this isolation level can read: the high watermark, or under
+        read_committed the last stable offset (at least the position, which only ever
+        follows it: a stable offset read a moment ago may be behind)."""
+        if self.stable is None:
+            return self.high_watermark
+        return min(self.high_watermark, max(self.stable, self.position))
 
 
 class Metrics:
@@ -156,8 +168,10 @@ class Metrics:
     assigned (a late batch of a revoked partition) change no per-partition series, so a
     revoked partition cannot come back as a stale series. Counters and histograms still count.
 
-    ``consumer_lag_records`` = high watermark - max(trained offset, committed offset), never
-    negative, updated together with its inputs under one lock. The committed offset is a floor
+    ``consumer_lag_records`` = readable end - max(trained offset, committed offset), never
+    negative, updated together with its inputs under one lock. The readable end is the high
+    watermark, or under read_committed the last stable offset (``set_last_stable``): records
+    of a transaction still open cannot be read yet, so they are not lag. The committed offset is a floor
     because every record below it was trained (by this worker or the one before it), which keeps
     the lag honest after a (re)assignment before the first step; during normal operation
     committed <= trained, so it is high watermark - trained. The trained offset is the highest
@@ -223,9 +237,18 @@ class Metrics:
         self.partition_committed = gauge(
             "partition_committed_offset", "Last offset committed to the group.", tp
         )
+        self.partition_last_stable = gauge(
+            "partition_last_stable_offset",
+            "End of what the consumer's isolation level can read: the last stable offset "
+            "under read_committed (below the high watermark while a transaction is open), "
+            "the high watermark under read_uncommitted.",
+            tp,
+        )
         self.consumer_lag = gauge(
             "consumer_lag_records",
-            "High watermark minus max(trained, committed) offset; never negative.",
+            "Records not trained yet: the last stable offset (read_committed; the high "
+            "watermark with read_uncommitted) minus max(trained, committed) offset; never "
+            "negative.",
             tp,
         )
         self.partition_last_trained_timestamp = gauge(
@@ -235,6 +258,7 @@ class Metrics:
         )
         self._per_partition: tuple[Gauge, ...] = (
             self.partition_high_watermark,
+            self.partition_last_stable,
             self.partition_position,
             self.partition_trained,
             self.partition_committed,
@@ -245,8 +269,15 @@ class Metrics:
         # Freshness and speed.
         self.record_age = _BatchHistogram(
             f"{NAMESPACE}_record_age_at_train_seconds",
-            "Age of each record (now minus record timestamp) when its train step finished.",
+            "Age of each record (now minus record timestamp) when its train step finished; "
+            "a record stamped in the future (producer clock ahead) counts as age 0.",
             AGE_BUCKETS_SECONDS,
+        )
+        self.records_clock_skewed = counter(
+            "records_clock_skewed",
+            "Trained records whose timestamp was ahead of this worker's clock (a producer's "
+            "clock runs ahead): their age counts as 0 and freshness is clamped to now.",
+            t,
         )
         r.register(self.record_age)
         self.input_wait = histogram(
@@ -307,6 +338,7 @@ class Metrics:
             self.records_decoded,
             self.samples_trained,
             self.records_dead_lettered,
+            self.records_clock_skewed,
         ):
             per_topic.labels(topic)
         for reason in DECODE_ERROR_REASONS:
@@ -353,10 +385,23 @@ class Metrics:
             self.partition_high_watermark.labels(self.topic, str(partition)).set(offset)
             self._update_lag(partition, state)
 
+    def set_last_stable(self, partition: int, offset: int) -> None:
+        """read_committed: the partition's last stable offset; lag counts up to it."""
+        with self._lock:
+            state = self._partitions.get(partition)
+            if state is None:
+                return
+            state.stable = offset
+            self._update_lag(partition, state)
+
     def set_position(self, partition: int, offset: int) -> None:
         with self._lock:
-            if partition in self._partitions:
-                self.partition_position.labels(self.topic, str(partition)).set(offset)
+            state = self._partitions.get(partition)
+            if state is None:
+                return
+            state.position = offset
+            self.partition_position.labels(self.topic, str(partition)).set(offset)
+            self._update_lag(partition, state)
 
     def lag(self, partition: int) -> float:
         """Records of ``partition`` not trained yet; 0.0 for a partition not assigned."""
@@ -366,11 +411,13 @@ class Metrics:
 
     @staticmethod
     def _lag_of(state: _PartitionState) -> int:
-        return max(0, state.high_watermark - max(state.trained, state.committed))
+        return max(0, state.readable() - max(state.trained, state.committed))
 
     def _update_lag(self, partition: int, state: _PartitionState) -> None:
         # Caller holds self._lock.
-        self.consumer_lag.labels(self.topic, str(partition)).set(self._lag_of(state))
+        label = (self.topic, str(partition))
+        self.partition_last_stable.labels(*label).set(state.readable())
+        self.consumer_lag.labels(*label).set(self._lag_of(state))
 
     # -- data path ----------------------------------------------------------------------------
 
@@ -409,8 +456,10 @@ class Metrics:
         """Record the ``partition``/``offset``/``timestamp`` columns of a finished step's batch.
 
         Per partition: trained offset = max offset + 1, last trained timestamp = max record
-        timestamp. Every record's age (``now`` - timestamp, floored at 0) goes into the age
-        histogram in one vectorised call. Timestamps < 0 (Kafka's "none") are left out.
+        timestamp, never past ``now``. Every record's age (``now`` - timestamp, floored at 0)
+        goes into the age histogram in one vectorised call; records stamped after ``now`` (a
+        producer's clock ahead of ours) are counted in ``records_clock_skewed``.
+        Timestamps < 0 (Kafka's "none") are left out.
         """
         parts = np.asarray(partition_array, dtype=np.int64).ravel()
         offsets = np.asarray(offset_array, dtype=np.int64).ravel()
@@ -423,8 +472,13 @@ class Metrics:
         if parts.size == 0:
             return
         has_time = stamps >= 0
-        ages = np.maximum(now - stamps[has_time] / 1000.0, 0.0)
+        ages = now - stamps[has_time] / 1000.0
+        future = int(np.count_nonzero(ages < 0))
+        if future:  # a producer's clock runs ahead of ours: never a negative age
+            self.records_clock_skewed.labels(self.topic).inc(future)
+            ages = np.maximum(ages, 0.0)
         self.record_age.observe_many(ages)
+        now_ms = int(now * 1000)
 
         uniq, inverse = np.unique(parts, return_inverse=True)
         max_offset = np.full(uniq.shape, -1, dtype=np.int64)
@@ -441,7 +495,8 @@ class Metrics:
                     state.trained = top + 1
                     self.partition_trained.labels(self.topic, str(p)).set(state.trained)
                     self._update_lag(p, state)
-                # Shuffled batches can arrive out of order: keep the newest.
+                # Shuffled batches can arrive out of order: keep the newest; never past now.
+                stamp = min(stamp, now_ms)
                 if stamp > state.last_trained_ms:
                     state.last_trained_ms = stamp
                     self.partition_last_trained_timestamp.labels(self.topic, str(p)).set(

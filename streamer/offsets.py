@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from itertools import pairwise
 
 import numpy as np
@@ -87,6 +87,12 @@ class _Partition:
         pending[pos[window[pos] == offsets]] = False
         if not pending[0]:
             self._advance()
+
+    def extend(self, next_offset: int) -> None:
+        """Offsets below ``next_offset`` hold no other record for us (markers, gaps)."""
+        self.registered = True
+        if next_offset > self.end:
+            self.end = next_offset
 
     def seed(self, next_offset: int) -> None:
         self.taken = next_offset if self.taken is None else max(self.taken, next_offset)
@@ -225,6 +231,30 @@ class OffsetTracker:
                 state = self._parts.get(p)
                 if state is not None:
                     state.ack(offs)
+
+    def extend(self, ends: Mapping[int, int]) -> None:
+        """Per partition, every record below ``ends[p]`` was registered already.
+
+        A consumer's position moves past offsets that hold no record for us: transaction
+        commit and abort markers, aborted transactions under read_committed, compacted gaps.
+        Once the registered records are done, the commit point is the end, so a partition
+        whose log ends with a marker is committed to its log end.
+
+        >>> t = OffsetTracker()
+        >>> t.register([0, 0], [10, 11])
+        >>> t.extend({0: 13})            # offset 12 is a transaction's commit marker
+        >>> t.commit_points()
+        {0: 10}
+        >>> t.ack([0, 0], [10, 11])
+        >>> t.commit_points()
+        {0: 13}
+        """
+        with self._lock:
+            for p, end in ends.items():
+                state = self._parts.get(int(p))
+                if state is None:
+                    state = self._parts[int(p)] = _Partition()
+                state.extend(int(end))
 
     def revoke(self, partitions: Iterable[int]) -> dict[int, int]:
         """Forget these partitions; return the commit points of those that had registrations.

@@ -129,6 +129,12 @@ class _Hooks(ShardHooks):
         for p, pos in position.items():
             m.set_position(p, pos)
 
+    def on_stable_offsets(self, shard_index: int, offsets: dict[int, int]) -> None:
+        m = self._s.metrics
+        if m is not None:
+            for p, off in offsets.items():
+                m.set_last_stable(p, off)
+
     def on_commit(
         self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
     ) -> None:
@@ -397,11 +403,13 @@ class StreamSource:
                     # Hand the thread back to tf.data instead of blocking it while idle.
                     yield empty
                     continue
-                idle_since = time.monotonic()
-                if not len(block):  # replay: clipped away entirely
-                    if self.finished or shard.assigned <= self._reached_set():
+                if not len(block):  # only markers passed, or a replay clipped it away
+                    if self._stop_offsets is not None and (
+                        self.finished or shard.assigned <= self._reached_set()
+                    ):
                         break
                     continue
+                idle_since = time.monotonic()
                 more = self._take_budget(len(block))
                 with self._lock:
                     handle = next(self._handles)
@@ -435,6 +443,8 @@ class StreamSource:
                 return _EMPTY
             block = clipped
         self.tracker.register(block.partition, block.offset)
+        if block.ends:
+            self.tracker.extend(block.ends)
         with self._lock:
             self.records_emitted += len(block)
         return block
@@ -463,9 +473,10 @@ class StreamSource:
             for p, nxt in block.next_offsets().items():
                 if nxt >= stops.get(p, 0):
                     self._reached.add(p)
-        if keep.all():
+        ends = {p: min(e, stops.get(p, 0)) for p, e in block.ends.items()}
+        if keep.all() and ends == block.ends:
             return block
-        if not keep.any():
+        if not keep.any() and not ends:
             return None
         idx = np.flatnonzero(keep)
         return RecordBlock.from_columns(
@@ -474,6 +485,8 @@ class StreamSource:
             block.partition[idx],
             block.offset[idx],
             block.timestamp_ms[idx],
+            block.serial,
+            ends,
         )
 
     def _close_shard(self, shard: ShardLike) -> None:

@@ -31,6 +31,7 @@ ALLOWED_LABELS = {
 }
 PER_PARTITION = (
     "streamer_partition_high_watermark_offset",
+    "streamer_partition_last_stable_offset",
     "streamer_partition_position_offset",
     "streamer_partition_trained_offset",
     "streamer_partition_committed_offset",
@@ -67,6 +68,7 @@ def test_every_series_exists_at_zero_from_start_up() -> None:
         ("streamer_samples_trained_total", t),
         ("streamer_train_steps_total", {}),
         ("streamer_records_dead_lettered_total", t),
+        ("streamer_records_clock_skewed_total", t),
         ("streamer_paused_partitions", {}),
         ("streamer_assigned_partitions", {}),
         ("streamer_last_poll_timestamp_seconds", {}),
@@ -211,6 +213,28 @@ def test_lag_is_high_watermark_minus_trained_and_never_negative() -> None:
     assert m.lag(99) == 0.0
 
 
+def test_read_committed_lag_counts_up_to_the_last_stable_offset() -> None:
+    m = make_metrics()
+    m.partitions_assigned([0])
+    m.set_high_watermark(0, 100)
+    m.observe_trained([0], [59], [0], NOW)
+    assert m.lag(0) == 40.0  # read_uncommitted: up to the high watermark
+    assert value(m, "streamer_partition_last_stable_offset", **pl(0)) == 100.0
+    # A transaction opened at offset 70 and still open: its records cannot be read yet.
+    m.set_last_stable(0, 70)
+    assert m.lag(0) == 10.0
+    assert value(m, "streamer_partition_last_stable_offset", **pl(0)) == 70.0
+    # A stable offset read a moment ago lags the consumer's position: the position wins.
+    m.set_position(0, 80)
+    assert m.lag(0) == 20.0
+    assert value(m, "streamer_partition_last_stable_offset", **pl(0)) == 80.0
+    # Never past the high watermark, never negative.
+    m.set_last_stable(0, 150)
+    assert m.lag(0) == 40.0
+    m.observe_commit({0: 100}, ok=True, seconds=0.001)
+    assert m.lag(0) == 0.0
+
+
 def test_lag_uses_the_committed_offset_before_the_first_step() -> None:
     m = make_metrics()
     m.partitions_assigned([0])
@@ -235,7 +259,9 @@ def test_observe_trained_is_per_partition_max_and_counts_every_age() -> None:
     assert value(m, "streamer_partition_trained_offset", **pl(2)) == 0.0
     ts = "streamer_partition_last_trained_timestamp_seconds"
     assert value(m, ts, **pl(0)) == pytest.approx(NOW - 2.0)
-    assert value(m, ts, **pl(1)) == pytest.approx(NOW + 5.0)
+    # A producer's clock ahead of ours: freshness never goes past now, the record is counted.
+    assert value(m, ts, **pl(1)) == pytest.approx(NOW)
+    assert value(m, "streamer_records_clock_skewed_total", topic=TOPIC) == 1.0
     # -1 (no timestamp) is left out; a timestamp in the future counts as age 0.
     age = "streamer_record_age_at_train_seconds"
     assert value(m, f"{age}_count") == 4.0
@@ -248,7 +274,7 @@ def test_observe_trained_is_per_partition_max_and_counts_every_age() -> None:
     # An older, shuffled batch moves neither the trained offset nor the freshness back.
     m.observe_trained([1], [1], [now_ms - 60_000], NOW)
     assert value(m, "streamer_partition_trained_offset", **pl(1)) == 10.0
-    assert value(m, ts, **pl(1)) == pytest.approx(NOW + 5.0)
+    assert value(m, ts, **pl(1)) == pytest.approx(NOW)
 
     m.observe_trained(np.array([], dtype=np.int64), [], [], NOW)
     assert value(m, f"{age}_count") == 5.0
