@@ -20,12 +20,20 @@ from consumers.errors import (
     BrokerUnavailableError,
     StreamerError,
     TlsHandshakeError,
+    TopicCreateError,
     TopicNotFoundError,
 )
 from consumers.settings import ConsumerSettings, SecuritySettings
 from consumers.shard import _AUTH_ERRORS
 
-__all__ = ["GroupCheck", "PartitionLag", "group_lag", "rebalance_if_stale", "wait_for_topic"]
+__all__ = [
+    "GroupCheck",
+    "PartitionLag",
+    "ensure_topic",
+    "group_lag",
+    "rebalance_if_stale",
+    "wait_for_topic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +249,12 @@ def _connect(
             raise
 
 
-def _probe_consumer(bootstrap: str, security: SecuritySettings, timeout_ms: int) -> Any:
+def _probe_consumer(
+    bootstrap: str,
+    security: SecuritySettings,
+    timeout_ms: int,
+    isolation_level: str = "read_uncommitted",
+) -> Any:
     return _connect(
         KafkaConsumer,
         bootstrap,
@@ -250,6 +263,7 @@ def _probe_consumer(bootstrap: str, security: SecuritySettings, timeout_ms: int)
         enable_auto_commit=False,
         bootstrap_timeout_ms=timeout_ms,
         request_timeout_ms=max(timeout_ms, 5000),
+        isolation_level=isolation_level,
     )
 
 
@@ -337,6 +351,53 @@ def wait_for_topic(
         backoff = min(backoff * 2, max_backoff_s)
 
 
+def ensure_topic(
+    settings: ConsumerSettings,
+    topic: str,
+    *,
+    partitions: int,
+    replication_factor: int | None = None,
+    setting: str = "dead_letter_topic",
+    timeout_ms: int = 10_000,
+) -> bool:
+    """Create ``topic`` unless it exists (as Kafka Connect does for its dead-letter queue).
+
+    ``replication_factor`` None takes the broker's default (``default.replication.factor``).
+    Returns True when this call created it. A broker that refuses (no CREATE permission, a
+    policy, a replication factor above the broker count) raises ``TopicCreateError`` naming
+    ``setting`` and the topic: a deployment problem, found at start-up.
+    """
+    from kafka.admin import KafkaAdminClient
+
+    admin = _connect(
+        KafkaAdminClient,
+        settings.bootstrap_servers,
+        settings.security,
+        timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
+    )
+    try:
+        if topic in set(admin.list_topics()):
+            return False
+        spec = {"num_partitions": partitions, "replication_factor": replication_factor or -1}
+        try:
+            admin.create_topics({topic: spec}, timeout_ms=timeout_ms, wait_for_metadata=True)
+        except kerrors.TopicAlreadyExistsError:
+            return False  # another worker created it first
+        except kerrors.BrokerResponseError as exc:
+            raise TopicCreateError(setting, topic, partitions, type(exc).__name__) from exc
+    finally:
+        admin.close()
+    log.info(
+        "created topic %r (%d partitions, replication factor %s)",
+        topic,
+        partitions,
+        replication_factor or "the broker's default",
+    )
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class PartitionLag:
     topic: str
@@ -356,8 +417,15 @@ def group_lag(
     *,
     security: SecuritySettings | None = None,
     timeout_ms: int = 10_000,
+    isolation_level: str = "read_committed",
 ) -> list[PartitionLag]:
-    """Committed offset, end offset and lag per partition of ``group`` (from outside the worker)."""
+    """Committed offset, end offset and lag per partition of ``group`` (from outside the worker).
+
+    The end offset is what a consumer of ``isolation_level`` can read: the last stable offset
+    under read_committed (the worker's default), so an open transaction is not lag; the log
+    end (high watermark) under read_uncommitted, which is what Kafka's
+    ``kafka-consumer-groups --describe`` shows.
+    """
     from kafka.admin import KafkaAdminClient
 
     admin = _connect(
@@ -375,7 +443,9 @@ def group_lag(
     committed = {
         tp: om.offset for tp, om in committed_raw.items() if om is not None and om.offset >= 0
     }
-    consumer = _probe_consumer(bootstrap, security or SecuritySettings(), timeout_ms)
+    consumer = _probe_consumer(
+        bootstrap, security or SecuritySettings(), timeout_ms, isolation_level
+    )
     try:
         topics = [topic] if topic else sorted({tp.topic for tp in committed})
         tps: list[TopicPartition] = []

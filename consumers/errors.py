@@ -10,6 +10,7 @@ __all__ = [
     "ShardFailedError",
     "StreamerError",
     "TlsHandshakeError",
+    "TopicCreateError",
     "TopicNotFoundError",
 ]
 
@@ -34,6 +35,25 @@ class ConfigError(StreamerError, ValueError):
         self.value = value
         self.allowed = allowed
         super().__init__(f"invalid setting {setting}={value!r}: {allowed}")
+
+
+class TopicCreateError(ConfigError):
+    """A topic the worker writes to does not exist and the worker may not create it.
+
+    A configuration problem of the deployment (exit 2): the message names the topic, why it
+    could not be created, and what to do.
+    """
+
+    def __init__(self, setting: str, topic: str, partitions: int, detail: str) -> None:
+        self.topic = topic
+        super().__init__(
+            setting,
+            topic,
+            f"the topic does not exist and the worker could not create it ({detail}). Create "
+            f"it with {partitions} partitions (e.g. kafka-topics.sh --create --topic {topic} "
+            f"--partitions {partitions}), or allow the worker's principal to create it "
+            "(CREATE on the topic or the cluster)",
+        )
 
 
 class BrokerUnavailableError(StreamerError):

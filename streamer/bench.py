@@ -42,6 +42,9 @@ class BenchResult:
     rates: dict[str, list[float]] = field(default_factory=dict)
     input_wait_fraction: dict[str, list[float]] = field(default_factory=dict)
     soak: dict[str, float] | None = None
+    #: The codecs measured, first as the reference; with more than one, each mode's key in
+    #: ``rates`` is ``mode:codec``.
+    codecs: tuple[str, ...] = ("none",)
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -49,6 +52,7 @@ class BenchResult:
             "records": self.records,
             "record_bytes": self.record_bytes,
             "shards": self.shards,
+            "compression": list(self.codecs),
             "modes": {},
         }
         for mode, rates in self.rates.items():
@@ -76,14 +80,37 @@ class BenchResult:
             out["ratio_worker_process_worker"] = med["worker-process"] / med["worker"]
         if self.soak is not None:
             out["soak"] = self.soak
+        if len(self.codecs) > 1:
+            # Each codec's median against the first codec's, per mode: what decompression costs.
+            ref = self.codecs[0]
+            cost: dict[str, dict[str, float]] = {}
+            for key, rate in med.items():
+                mode, _, codec = key.partition(":")
+                base = med.get(f"{mode}:{ref}")
+                if base and codec != ref:
+                    cost.setdefault(codec, {})[mode] = rate / base
+            out["ratio_to_first_codec"] = cost
         return out
 
 
-def _fill(bootstrap: str, topic: str, records: int, record_bytes: int, partitions: int) -> None:
+def _fill(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    record_bytes: int,
+    partitions: int,
+    compression: str = "none",
+) -> None:
     from streamer.simulator import produce
 
     produce(
-        bootstrap, topic, records, partitions=partitions, record_bytes=record_bytes, progress=None
+        bootstrap,
+        topic,
+        records,
+        partitions=partitions,
+        record_bytes=record_bytes,
+        progress=None,
+        compression=compression,
     )
 
 
@@ -337,47 +364,63 @@ def run_bench(
     naive_records: int = 20_000,
     soak_seconds: float = 0.0,
     progress: IO[str] | None = None,
+    codecs: tuple[str, ...] = ("none",),
 ) -> BenchResult:
-    """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times."""
+    """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times.
+
+    With several ``codecs``, one topic per codec is filled and every mode runs on each (the
+    result's keys are ``mode:codec``), so decompression costs are compared in one run.
+    """
     out = progress or sys.stderr
     import tensorflow  # noqa: F401  (imported before the GC settings, as in the worker)
 
     from streamer.gctune import tune_gc
 
     tune_gc()  # every mode runs with the worker's GC settings
-    if topic is None:
-        topic = f"bench-{record_bytes}b-{uuid.uuid4().hex[:8]}"
-        out.write(f"filling {topic} with {records:,} records of ~{record_bytes} B\n")
-        _fill(bootstrap, topic, records, record_bytes, partitions=max(shards, 4))
-    parts = _partitions(bootstrap, topic)
-    result = BenchResult(topic, records, record_bytes, shards)
-    runners: dict[str, Callable[[ConsumerSettings], Any]] = {
-        "raw": lambda cs: bench_raw(cs, records),
-        "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
-        "pipeline": lambda cs: bench_pipeline(cs, records),
-        "pipeline-shuffle": lambda cs: bench_pipeline(cs, records, shuffle_buffer=SHUFFLE_BUFFER),
-        "pipeline-process": lambda cs: bench_pipeline(
-            _settings(bootstrap, topic, parts, shards, runtime="process"), records
+    topics: dict[str, str] = {}
+    for codec in codecs:
+        if topic is not None:
+            topics[codec] = topic
+            continue
+        name = f"bench-{record_bytes}b-{codec}-{uuid.uuid4().hex[:8]}"
+        out.write(f"filling {name} with {records:,} records of ~{record_bytes} B ({codec})\n")
+        _fill(bootstrap, name, records, record_bytes, max(shards, 4), compression=codec)
+        topics[codec] = name
+    first = topics[codecs[0]]
+    result = BenchResult(first, records, record_bytes, shards, codecs=codecs)
+    parts = {codec: _partitions(bootstrap, t) for codec, t in topics.items()}
+
+    def settings(codec: str, runtime: str = "thread") -> ConsumerSettings:
+        return _settings(bootstrap, topics[codec], parts[codec], shards, runtime=runtime)
+
+    runners: dict[str, Callable[[str], Any]] = {
+        "raw": lambda c: bench_raw(settings(c), records),
+        "naive": lambda c: bench_naive(settings(c), min(records, naive_records)),
+        "pipeline": lambda c: bench_pipeline(settings(c), records),
+        "pipeline-shuffle": lambda c: bench_pipeline(
+            settings(c), records, shuffle_buffer=SHUFFLE_BUFFER
         ),
-        "worker": lambda cs: bench_worker(cs, records),
-        "worker-process": lambda cs: bench_worker(cs, records, runtime="process"),
+        "pipeline-process": lambda c: bench_pipeline(settings(c, "process"), records),
+        "worker": lambda c: bench_worker(settings(c), records),
+        "worker-process": lambda c: bench_worker(settings(c), records, runtime="process"),
     }
+    runs = [(mode, codec) for codec in codecs for mode in modes]
     for r in range(repeats):
         # Rotate the order every repeat so that drift on a shared machine cancels out.
-        order = list(modes[r % len(modes) :]) + list(modes[: r % len(modes)])
-        for mode in order:
-            cs = _settings(bootstrap, topic, parts, shards)
-            value = runners[mode](cs)
+        order = runs[r % len(runs) :] + runs[: r % len(runs)]
+        for mode, codec in order:
+            key = mode if len(codecs) == 1 else f"{mode}:{codec}"
+            value = runners[mode](codec)
             if mode.startswith("worker"):
                 rate, wait = value
-                result.input_wait_fraction.setdefault(mode, []).append(wait)
+                result.input_wait_fraction.setdefault(key, []).append(wait)
             else:
                 rate = value
-            result.rates.setdefault(mode, []).append(rate)
-            out.write(f"  repeat {r + 1}/{repeats} {mode:<9} {rate:>12,.0f} records/s\n")
+            result.rates.setdefault(key, []).append(rate)
+            out.write(f"  repeat {r + 1}/{repeats} {key:<22} {rate:>12,.0f} records/s\n")
             out.flush()
     if soak_seconds > 0:
-        result.soak = soak(bootstrap, topic, shards, soak_seconds, out)
+        result.soak = soak(bootstrap, first, shards, soak_seconds, out)
     return result
 
 
@@ -385,11 +428,11 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"topic {summary['topic']}: {summary['records']:,} records of ~{summary['record_bytes']} B, "
         f"{summary['shards']} shards",
-        f"{'mode':<17} {'median rec/s':>14} {'min':>12} {'max':>12}",
+        f"{'mode':<22} {'median rec/s':>14} {'min':>12} {'max':>12}",
     ]
     for mode, m in summary["modes"].items():
         lines.append(
-            f"{mode:<17} {m['records_per_second_median']:>14,.0f} {m['records_per_second_min']:>12,.0f} "
+            f"{mode:<22} {m['records_per_second_median']:>14,.0f} {m['records_per_second_min']:>12,.0f} "
             f"{m['records_per_second_max']:>12,.0f}"
         )
     for key in (
@@ -404,6 +447,9 @@ def format_table(summary: dict[str, Any]) -> str:
     ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")
+    for codec, ratios in summary.get("ratio_to_first_codec", {}).items():
+        text = ", ".join(f"{mode} {ratio:.2f}" for mode, ratio in ratios.items())
+        lines.append(f"{codec} / {summary['compression'][0]}: {text}")
     if "soak" in summary:
         sk = summary["soak"]
         lines.append(

@@ -15,6 +15,9 @@ __all__ = ["main"]
 
 log = logging.getLogger("streamer")
 
+#: Kafka's compression codecs, all readable by the worker (DESIGN section 3).
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+
 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
@@ -125,6 +128,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--seed", type=int, default=0, help="random seed [default: 0]")
     sim.add_argument(
+        "--compression",
+        default="none",
+        choices=CODECS,
+        help="compress the produced batches with this codec [default: none]",
+    )
+    sim.add_argument(
         "--log-level",
         default="INFO",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -140,6 +149,15 @@ def _parser() -> argparse.ArgumentParser:
     lag.add_argument("--group", required=True, help="consumer group id")
     lag.add_argument(
         "--topic", default=None, help="only this topic [default: every topic the group committed]"
+    )
+    lag.add_argument(
+        "--isolation-level",
+        default="read_committed",
+        choices=("read_committed", "read_uncommitted"),
+        help="END is what a consumer of this isolation level can read: the last stable offset "
+        "(read_committed, the worker's default) or the log end (read_uncommitted, what "
+        "kafka-consumer-groups shows); they differ only while a transaction is open "
+        "[default: read_committed]",
     )
     lag.add_argument("--json", action="store_true", help="print JSON instead of a table")
     bench = sub.add_parser(
@@ -189,6 +207,13 @@ def _parser() -> argparse.ArgumentParser:
         "long and report resident memory at start and end (a leak check) [default: 0, off]",
     )
     bench.add_argument(
+        "--compression",
+        default="none",
+        help="codec of the filled topic, or a comma-separated list of them (one topic each, "
+        f"every mode measured on each, and each codec's rate against the first): "
+        f"{', '.join(CODECS)} [default: none]",
+    )
+    bench.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
     return parser
@@ -205,6 +230,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     for name in ("records", "shards", "repeats", "naive_records"):
         if getattr(args, name) < 1:
             raise ConfigError(name, getattr(args, name), "a positive integer")
+    codecs = tuple(c.strip() for c in args.compression.split(",") if c.strip())
+    for c in codecs:
+        if c not in CODECS:
+            raise ConfigError("compression", c, f"one of {', '.join(CODECS)}")
+    if not codecs or len(set(codecs)) != len(codecs):
+        raise ConfigError("compression", args.compression, "distinct codecs, comma-separated")
+    if args.topic and len(codecs) > 1:
+        raise ConfigError("compression", args.compression, "one codec with --topic")
     result = run_bench(
         args.bootstrap,
         records=args.records,
@@ -215,6 +248,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         modes=modes,
         naive_records=args.naive_records,
         soak_seconds=args.soak_seconds,
+        codecs=codecs,
     )
     summary = result.summary()
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
@@ -289,6 +323,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         rate=args.rate,
         record_bytes=args.record_bytes,
         seed=args.seed,
+        compression=args.compression,
     )
     return 0
 
@@ -297,7 +332,7 @@ def _cmd_lag(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
     from consumers.admin import group_lag
 
-    rows = group_lag(args.bootstrap, args.group, args.topic)
+    rows = group_lag(args.bootstrap, args.group, args.topic, isolation_level=args.isolation_level)
     if args.json:
         print(
             json.dumps({"group": args.group, "partitions": [r.as_dict() for r in rows]}, indent=2)

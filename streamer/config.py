@@ -153,7 +153,16 @@ OPTIONS: tuple[Option, ...] = (
         "dead_letter_topic",
         _S,
         None,
-        "topic for records that fail to decode (unset: count and skip them)",
+        "topic for records that fail to decode (unset: count and skip them); created at "
+        "start-up when missing, with the source topic's partition count",
+        group="kafka",
+    ),
+    Option(
+        "dead_letter_replication_factor",
+        _I,
+        None,
+        "replication factor of a dead-letter topic the worker creates (unset: the broker's "
+        "default.replication.factor)",
         group="kafka",
     ),
     Option(
@@ -422,6 +431,7 @@ class WorkerConfig:
     session_timeout_ms: int
     metadata_max_age_ms: int
     dead_letter_topic: str | None
+    dead_letter_replication_factor: int | None
     security_protocol: str
     sasl_mechanism: str | None
     sasl_username: str | None
@@ -501,7 +511,7 @@ class WorkerConfig:
                 "metrics_port", self.metrics_port, "a port number 0-65535 (0 disables)"
             )
         if self.bootstrap is None:
-            for name in ("dead_letter_topic", "partitions"):
+            for name in ("dead_letter_topic", "partitions", "dead_letter_replication_factor"):
                 if getattr(self, name) is not None:
                     raise ConfigError(
                         name,
@@ -535,6 +545,14 @@ class WorkerConfig:
             )
         if self.model is not None and ":" not in self.model:
             raise ConfigError("model", self.model, "package.module:function")
+        if self.dead_letter_replication_factor is not None and (
+            self.dead_letter_replication_factor < 1 or self.dead_letter_topic is None
+        ):
+            raise ConfigError(
+                "dead_letter_replication_factor",
+                self.dead_letter_replication_factor,
+                "a positive integer, with --dead-letter-topic",
+            )
         if self.dead_letter_topic is not None and self.dead_letter_topic == self.topic:
             raise ConfigError(
                 "dead_letter_topic", self.dead_letter_topic, "must differ from --topic"

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import collections
+import heapq
+import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["HEADER_OFFSET", "HEADER_PARTITION", "HEADER_REASON", "HEADER_TOPIC", "DeadLetterWriter"]
+__all__ = [
+    "HEADER_OFFSET",
+    "HEADER_PARTITION",
+    "HEADER_REASON",
+    "HEADER_TOPIC",
+    "DeadLetterBacklogFull",
+    "DeadLetterWriter",
+]
 
 log = logging.getLogger(__name__)
 
@@ -18,14 +30,43 @@ HEADER_REASON = "streamer.reason"
 
 Done = Callable[[int, int], None]
 
+#: Retries of a failed write wait 1 s, doubling to this.
+_MAX_RETRY_S = 30.0
+#: A failed write is logged at once, then at most once per this many seconds (with a count).
+_LOG_EVERY_S = 10.0
+
+
+class DeadLetterBacklogFull(RuntimeError):
+    """The writer holds ``max_backlog_bytes`` of unwritten records: a new one is not taken."""
+
+
+@dataclass(order=True)
+class _Letter:
+    due: float
+    seq: int
+    value: bytes = field(compare=False)
+    topic: str = field(compare=False)
+    partition: int = field(compare=False)
+    offset: int = field(compare=False)
+    reason: str = field(compare=False)
+    attempts: int = field(default=0, compare=False)
+
 
 class DeadLetterWriter:
     """Writes rejected records to ``topic`` with headers naming their origin and the reason.
 
-    ``on_done(partition, offset)`` is called only after the broker acknowledged the write: only
-    then may the source record count as done for committing. A write that still fails after the
-    producer's retries leaves the record not done (the commit point stays below it) and is
-    reported through ``on_failure``.
+    ``send()`` never blocks: it queues the record for a writer thread of its own, so a broker
+    that is slow or down, or a topic that is missing, never holds up the decode op that found
+    the record. ``on_done(partition, offset)`` is called only once the broker acknowledged the
+    write: only then does the source record count as done for committing. A write that fails
+    (including after the producer's own retries, or a send that cannot get the topic's
+    metadata within ``max_block_ms``) leaves the record not done, so the commit point stays
+    below it; it is reported through ``on_failure`` and retried, 1 s doubling to 30 s, for as
+    long as the writer runs. Good records keep training meanwhile.
+
+    Memory is bounded: records waiting to be written hold at most ``max_backlog_bytes``; a
+    record that does not fit is not taken (``on_failure`` gets ``DeadLetterBacklogFull``) and
+    stays not done: the commit point stays below it and it is read again after a restart.
     """
 
     def __init__(
@@ -37,68 +78,177 @@ class DeadLetterWriter:
         on_failure: Callable[[BaseException], None] | None = None,
         security: dict[str, Any] | None = None,
         producer_factory: Callable[..., Any] | None = None,
+        max_backlog_bytes: int = 64 * 1024 * 1024,
+        max_block_ms: int = 5_000,
     ) -> None:
         from kafka import KafkaProducer
 
         factory = producer_factory or KafkaProducer
         self.topic = topic
+        self.max_backlog_bytes = max_backlog_bytes
         self._on_done = on_done
         self._on_failure = on_failure
-        self._lock = threading.Lock()
-        self.pending = 0
+        self._cond = threading.Condition()
+        self._new: collections.deque[_Letter] = collections.deque()
+        self._retry: list[_Letter] = []  # a heap by due time
+        self._seq = itertools.count()
+        self._backlog_bytes = 0
+        self._closing = False
+        self.pending = 0  # taken and not yet acknowledged: queued, retrying or in flight
         self.written = 0
-        self.failed = 0
+        self.failed = 0  # failed attempts (a record retried three times counts three)
+        self.refused = 0  # records not taken: the backlog was full
+        self._failures_unlogged = 0
+        self._logged_at = -1e9
         self._producer = factory(
             bootstrap_servers=bootstrap_servers,
             client_id="streamer-dead-letter",
             acks="all",
-            retries=10,
+            retries=5,
             linger_ms=20,
+            max_block_ms=max_block_ms,
+            request_timeout_ms=10_000,
+            delivery_timeout_ms=30_000,
             max_request_size=16 * 1024 * 1024,
             **(security or {}),
         )
+        self._thread = threading.Thread(target=self._run, name="streamer-dead-letter", daemon=True)
+        self._thread.start()
+
+    # ---- the decode side (never blocks) ---------------------------------------------------
 
     def send(
         self, value: bytes, source_topic: str, partition: int, offset: int, reason: str
     ) -> None:
-        headers = [
-            (HEADER_TOPIC, source_topic.encode()),
-            (HEADER_PARTITION, str(partition).encode()),
-            (HEADER_OFFSET, str(offset).encode()),
-            (HEADER_REASON, reason.encode()),
-        ]
-        with self._lock:
-            self.pending += 1
-        future = self._producer.send(self.topic, value=value, headers=headers)
-
-        def ok(_meta: Any) -> None:
-            with self._lock:
-                self.pending -= 1
-                self.written += 1
-            self._on_done(partition, offset)
-
-        def failed(exc: BaseException) -> None:
-            with self._lock:
-                self.pending -= 1
-                self.failed += 1
-            log.error(
-                "dead-letter write for %s/%d@%d failed: %s; the record stays uncommitted",
-                source_topic,
-                partition,
-                offset,
-                type(exc).__name__,
+        """Queue one rejected record; returns at once."""
+        with self._cond:
+            if self._closing or self._backlog_bytes + len(value) > self.max_backlog_bytes:
+                self.refused += 1
+                refused = True
+            else:
+                refused = False
+                self._backlog_bytes += len(value)
+                self.pending += 1
+                self._new.append(
+                    _Letter(0.0, next(self._seq), value, source_topic, partition, offset, reason)
+                )
+                self._cond.notify_all()
+        if refused:
+            self._report(
+                DeadLetterBacklogFull(
+                    f"{self.max_backlog_bytes} bytes of dead letters are waiting to be written"
+                ),
+                f"{source_topic}/{partition}@{offset}",
             )
-            if self._on_failure is not None:
-                self._on_failure(exc)
 
-        future.add_callback(ok)
-        future.add_errback(failed)
+    # ---- the writer thread ----------------------------------------------------------------
 
-    def flush(self, timeout: float = 30.0) -> None:
-        self._producer.flush(timeout=timeout)
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                letter = self._next_due()
+                while letter is None:
+                    if self._closing:
+                        return
+                    wait = self._retry[0].due - time.monotonic() if self._retry else None
+                    self._cond.wait(wait if wait is None else max(wait, 0.0))
+                    letter = self._next_due()
+            self._write(letter)
+
+    def _next_due(self) -> _Letter | None:
+        """The next letter to write (caller holds the lock): new ones first, then due retries."""
+        if self._new:
+            return self._new.popleft()
+        if self._retry and self._retry[0].due <= time.monotonic():
+            return heapq.heappop(self._retry)
+        return None
+
+    def _write(self, letter: _Letter) -> None:
+        headers = [
+            (HEADER_TOPIC, letter.topic.encode()),
+            (HEADER_PARTITION, str(letter.partition).encode()),
+            (HEADER_OFFSET, str(letter.offset).encode()),
+            (HEADER_REASON, letter.reason.encode()),
+        ]
+        try:
+            # Blocks up to max_block_ms while the topic's metadata is unknown (missing topic,
+            # broker down): this thread's time, never a decode op's.
+            future = self._producer.send(self.topic, value=letter.value, headers=headers)
+        except Exception as exc:
+            self._failed(letter, exc)
+            return
+        future.add_callback(lambda _meta: self._written(letter))
+        future.add_errback(lambda exc: self._failed(letter, exc))
+
+    def _written(self, letter: _Letter) -> None:
+        with self._cond:
+            self.pending -= 1
+            self.written += 1
+            self._backlog_bytes -= len(letter.value)
+            self._cond.notify_all()
+        self._on_done(letter.partition, letter.offset)
+
+    def _failed(self, letter: _Letter, exc: BaseException) -> None:
+        with self._cond:
+            self.failed += 1
+            letter.attempts += 1
+            letter.due = time.monotonic() + min(_MAX_RETRY_S, 2.0 ** (letter.attempts - 1))
+            heapq.heappush(self._retry, letter)
+            self._cond.notify_all()
+        self._report(exc, f"{letter.topic}/{letter.partition}@{letter.offset}")
+
+    def _report(self, exc: BaseException, where: str) -> None:
+        """Count a failure; log the first at once, then one line per 10 s with a count."""
+        if self._on_failure is not None:
+            self._on_failure(exc)
+        now = time.monotonic()
+        with self._cond:
+            self._failures_unlogged += 1
+            if now - self._logged_at < _LOG_EVERY_S:
+                return
+            count, self._failures_unlogged = self._failures_unlogged, 0
+            self._logged_at = now
+            waiting = self.pending
+        log.error(
+            "dead-letter write to %r failed (%s, e.g. for %s; %d failures since the last "
+            "message); %d records wait, uncommitted, and are retried; training goes on",
+            self.topic,
+            type(exc).__name__,
+            where,
+            count,
+            waiting,
+        )
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every taken record was written; False if some still wait at ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
 
     def close(self, timeout: float = 30.0) -> None:
-        try:
-            self._producer.flush(timeout=timeout)
-        finally:
-            self._producer.close(timeout=timeout)
+        """Try to write what waits for up to ``timeout`` seconds, then stop.
+
+        Records still unwritten stay not done: the commit point is below them and they are
+        read (and dead-lettered) again after a restart.
+        """
+        done = self.flush(timeout)
+        with self._cond:
+            self._closing = True
+            waiting = self.pending
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if not done:
+            log.warning(
+                "%d dead letters for %r were not written before the stop; their records stay "
+                "uncommitted and are read again after a restart",
+                waiting,
+                self.topic,
+            )
+        self._producer.close(timeout=min(timeout, 5.0) if not done else timeout)

@@ -51,7 +51,7 @@ KafkaErrorType = Literal[
     "stale_assignment",
     "other",
 ]
-QueueStage = Literal["shard", "prefetch"]
+QueueStage = Literal["shard", "prefetch", "dead_letter"]
 RebalanceEvent = Literal["assigned", "revoked", "lost"]
 
 DECODE_ERROR_REASONS: Final[tuple[str, ...]] = get_args(DecodeErrorReason)

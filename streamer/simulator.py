@@ -195,8 +195,12 @@ def produce(
     security: dict[str, Any] | None = None,
     progress: IO[str] | None = None,
     seed: int = 0,
+    compression: str | None = None,
 ) -> int:
     """Create ``topic`` if missing and produce ``records`` simulator samples; returns the count.
+
+    ``compression`` is the producer's ``compression_type`` (gzip, snappy, lz4, zstd; None or
+    "none": uncompressed batches).
 
     >>> produce("127.0.0.1:9092", "samples", 10_000, partitions=6)   # doctest: +SKIP
     10000
@@ -229,6 +233,7 @@ def produce(
         linger_ms=20,
         batch_size=512 * 1024,
         max_request_size=8 * 1024 * 1024,
+        compression_type=None if compression in (None, "none") else compression,
         **sec,
     )
     rng = np.random.default_rng(seed)

@@ -657,7 +657,9 @@ class StreamSource:
         self.stop()
         self.end_pass()
         if self.dead_letter is not None:
-            self.dead_letter.close()
+            # A short wait: the stop must fit in --shutdown-timeout; what is not written
+            # stays uncommitted and is read again after a restart.
+            self.dead_letter.close(timeout=5.0)
 
 
 def build_dataset(

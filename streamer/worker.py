@@ -301,13 +301,23 @@ class Worker:
             from consumers.admin import wait_for_topic
 
             ids: dict[str, str] = {}
-            wait_for_topic(consumer, health=self.health, stop=self._stopping, topic_ids=ids)
+            partitions = wait_for_topic(
+                consumer, health=self.health, stop=self._stopping, topic_ids=ids
+            )
             if self.checkpointer is not None and not self.checkpointer.adopt_topic_id(
                 ids.get(cfg.topic)
             ):
                 restore = self.restored_offsets = {}
             if cfg.dead_letter_topic:
+                from consumers.admin import ensure_topic
                 from streamer.deadletter import DeadLetterWriter
+
+                ensure_topic(
+                    consumer,
+                    cfg.dead_letter_topic,
+                    partitions=len(partitions),
+                    replication_factor=cfg.dead_letter_replication_factor,
+                )
 
                 metrics = self.metrics
 
@@ -396,6 +406,9 @@ class Worker:
             # Emitted into tf.data and not yet trained: the decode/rebatch/prefetch stages
             # (autotuned by tf.data, so no fixed capacity: reported as 0).
             self.metrics.set_queue("prefetch", self.tracker.in_flight(), 0)
+            dead_letter = self.source.dead_letter
+            if dead_letter is not None:  # written to Kafka in the background, bounded by bytes
+                self.metrics.set_queue("dead_letter", dead_letter.pending, 0)
 
     def _update_ready(self) -> None:
         if self._stopping.is_set():

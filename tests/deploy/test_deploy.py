@@ -722,6 +722,7 @@ def test_alert_rules_are_labelled_and_explained() -> None:
         "StreamerRebalanceStorm",
         "StreamerDecodeErrors",
         "StreamerInputBound",
+        "StreamerDeadLetterFailing",
         "StreamerDown",
     ):
         assert wanted in names

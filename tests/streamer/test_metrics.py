@@ -103,7 +103,7 @@ def test_every_series_exists_at_zero_from_start_up() -> None:
         ]
     missing = [(n, lb) for n, lb in expected if m.registry.get_sample_value(n, lb) != 0.0]
     assert missing == []
-    assert set(QUEUE_STAGES) == {"shard", "prefetch"}
+    assert set(QUEUE_STAGES) == {"shard", "prefetch", "dead_letter"}
     assert len(DECODE_ERROR_REASONS) == 8
     build = {"version": "0.1.0", "tensorflow": "2.21.0", "kafka_python": "3.0.12"}
     assert value(m, "streamer_build_info", **build) == 1.0

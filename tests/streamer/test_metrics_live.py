@@ -107,8 +107,8 @@ STARTUP_LABEL_VALUES = {
     "offset_commits_total": ("result", {"success", "failure"}),
     "checkpoints_total": ("result", {"success", "failure"}),
     "rebalances_total": ("event", {"assigned", "revoked", "lost"}),
-    "queue_depth_records": ("stage", {"shard", "prefetch"}),
-    "queue_capacity_records": ("stage", {"shard", "prefetch"}),
+    "queue_depth_records": ("stage", {"shard", "prefetch", "dead_letter"}),
+    "queue_capacity_records": ("stage", {"shard", "prefetch", "dead_letter"}),
 }
 
 
