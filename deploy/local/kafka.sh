@@ -9,6 +9,9 @@
 #   deploy/local/kafka.sh stop     stop it (SIGTERM, then SIGKILL after 30 s); no java left.
 #   deploy/local/kafka.sh status   print the bootstrap address if running, exit 1 if not.
 #   deploy/local/kafka.sh restart  stop and start again on the same ports and data (for fault tests).
+#   deploy/local/kafka.sh libs     fetch the jars (once) and print their folder (kafka-clients for
+#                                  Java test clients).
+#   deploy/local/kafka.sh datadir  print the broker's log.dirs folder (for DumpLogSegments).
 #
 # Environment:
 #   KAFKA_LOCAL_DIR      state folder (config, data, logs, pid)  [default: <repo>/.local-kafka]
@@ -178,5 +181,7 @@ case "${1:-}" in
     kill)  # SIGKILL without a clean shutdown, for fault tests
         if pid="$(running_pid)"; then kill -KILL "$pid"; while kill -0 "$pid" 2>/dev/null; do sleep 0.2; done; rm -f "$state/kafka.pid"; fi ;;
     clean) stop; rm -rf "$state" ;;
-    *) echo "usage: $0 start|stop|restart|status|kill|clean" >&2; exit 2 ;;
+    libs) need_tools; fetch_jars; echo "$libs" ;;
+    datadir) echo "$state/data" ;;
+    *) echo "usage: $0 start|stop|restart|status|kill|clean|libs|datadir" >&2; exit 2 ;;
 esac
