@@ -64,7 +64,9 @@ def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
         name = f"{prefix}-{uuid.uuid4().hex[:12]}"
         spec: dict[str, object] = {"num_partitions": partitions, "replication_factor": 1}
         if config:
-            spec["configs"] = config  # kafka-python 3.x: "configs" (a "topic_configs" key is ignored)
+            spec["configs"] = (
+                config  # kafka-python 3.x: "configs" (a "topic_configs" key is ignored)
+            )
         admin.create_topics({name: spec}, wait_for_metadata=True)
         created.append(name)
         return name

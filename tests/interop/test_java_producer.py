@@ -167,9 +167,7 @@ def test_read_committed_trains_every_committed_record_once_and_commits_the_log_e
 
     def at_idle(base: str) -> None:
         metrics = parse_metrics(http_get(f"{base}/metrics")[1])
-        seen["lag"] = {
-            lb["partition"]: v for lb, v in metrics["streamer_consumer_lag_records"]
-        }
+        seen["lag"] = {lb["partition"]: v for lb, v in metrics["streamer_consumer_lag_records"]}
         seen["skewed"] = metrics["streamer_records_clock_skewed_total"][0][1]
         seen["freshness"] = [
             v for _, v in metrics["streamer_partition_last_trained_timestamp_seconds"]
@@ -192,8 +190,16 @@ def test_read_committed_trains_every_committed_record_once_and_commits_the_log_e
     # Lag 0 everywhere: our /metrics, `streamer lag`, and Kafka's own consumer-groups tool.
     assert set(seen["lag"].values()) == {0.0}, seen["lag"]  # type: ignore[attr-defined]
     lag = run_cli(
-        ["lag", "--bootstrap", kafka_bootstrap, "--group", group_id, "--topic", java_topic.name]
-        + ["--json"]
+        [
+            "lag",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--group",
+            group_id,
+            "--topic",
+            java_topic.name,
+            "--json",
+        ]
     )
     assert lag.returncode == 0, lag.stderr
     rows = json.loads(lag.stdout)["partitions"]
