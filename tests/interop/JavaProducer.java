@@ -31,12 +31,16 @@ import java.util.List;
 import java.util.Map;
 import java.util.Properties;
 import java.util.Random;
+import java.time.Duration;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.Future;
 import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerConfig;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.clients.producer.RecordMetadata;
+import org.apache.kafka.common.KafkaException;
+import org.apache.kafka.common.errors.TimeoutException;
 import org.apache.kafka.common.header.internals.RecordHeader;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
@@ -97,6 +101,19 @@ public class JavaProducer {
         return out.array();
     }
 
+    // commitTransaction may time out while the broker restarts; retrying it is the documented
+    // way to finish the same transaction (its outcome is never left unknown).
+    static void commit(KafkaProducer<byte[], byte[]> producer) {
+        for (int attempt = 1; ; attempt++) {
+            try {
+                producer.commitTransaction();
+                return;
+            } catch (TimeoutException e) {
+                if (attempt >= 20) throw e;
+            }
+        }
+    }
+
     static void runPhase(
             String bootstrap, String topic, PrintWriter manifest, Map<String, String> p, int index)
             throws Exception {
@@ -128,49 +145,77 @@ public class JavaProducer {
         long t0 = System.nanoTime();
         long sent = 0;
         long transactions = 0;
-        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(props)) {
+        long failures = 0;
+        KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(props);
+        try {
             if (txn > 0) producer.initTransactions();
             int partitions = producer.partitionsFor(topic).size();
             while ((records == 0 || sent < records) && !STOP.get()) {
                 long n = txn > 0 ? txn : Math.min(500, records == 0 ? 500 : records - sent);
                 if (records > 0) n = Math.min(n, records - sent);
                 boolean abort = txn > 0 && abortEvery > 0 && transactions % abortEvery == abortEvery - 1;
-                if (txn > 0) producer.beginTransaction();
                 List<Future<RecordMetadata>> futures = new ArrayList<>();
                 List<Boolean> tombstones = new ArrayList<>();
-                for (long i = 0; i < n; i++, sent++) {
-                    if (rate > 0) {
-                        long due = t0 + (long) (sent * 1e9 / rate);
-                        long wait = due - System.nanoTime();
-                        if (wait > 0) Thread.sleep(wait / 1_000_000, (int) (wait % 1_000_000));
+                try {
+                    if (txn > 0) producer.beginTransaction();
+                    for (long i = 0; i < n; i++, sent++) {
+                        if (rate > 0) {
+                            long due = t0 + (long) (sent * 1e9 / rate);
+                            long wait = due - System.nanoTime();
+                            if (wait > 0) Thread.sleep(wait / 1_000_000, (int) (wait % 1_000_000));
+                        }
+                        boolean tomb = tombstoneEvery > 0 && sent % tombstoneEvery == tombstoneEvery - 1;
+                        byte[] key = keys ? ("k" + sent).getBytes(StandardCharsets.UTF_8) : null;
+                        byte[] value = tomb ? null : sample(rng);
+                        Long ts = tsOffset == null ? null : System.currentTimeMillis() + tsOffset;
+                        ProducerRecord<byte[], byte[]> rec =
+                                new ProducerRecord<>(topic, (int) (sent % partitions), ts, key, value);
+                        if (headers) {
+                            rec.headers().add(new RecordHeader("source", "java".getBytes(StandardCharsets.UTF_8)));
+                            rec.headers().add(new RecordHeader("seq", Long.toString(sent).getBytes(StandardCharsets.UTF_8)));
+                        }
+                        futures.add(producer.send(rec));
+                        tombstones.add(tomb);
                     }
-                    boolean tomb = tombstoneEvery > 0 && sent % tombstoneEvery == tombstoneEvery - 1;
-                    byte[] key = keys ? ("k" + sent).getBytes(StandardCharsets.UTF_8) : null;
-                    byte[] value = tomb ? null : sample(rng);
-                    Long ts = tsOffset == null ? null : System.currentTimeMillis() + tsOffset;
-                    ProducerRecord<byte[], byte[]> rec =
-                            new ProducerRecord<>(topic, (int) (sent % partitions), ts, key, value);
-                    if (headers) {
-                        rec.headers().add(new RecordHeader("source", "java".getBytes(StandardCharsets.UTF_8)));
-                        rec.headers().add(new RecordHeader("seq", Long.toString(sent).getBytes(StandardCharsets.UTF_8)));
+                    producer.flush(); // every record is in the log, also those of a transaction to abort
+                    if (txn > 0) {
+                        if (abort) producer.abortTransaction();
+                        else commit(producer);
                     }
-                    futures.add(producer.send(rec));
-                    tombstones.add(tomb);
+                } catch (KafkaException e) {
+                    // A broker restart the client could not ride out: the batch's records that
+                    // reached the log stay there; a transaction is aborted.
+                    failures++;
+                    System.err.println("batch failed: " + e);
+                    if (txn > 0) {
+                        abort = true;
+                        try {
+                            producer.abortTransaction();
+                        } catch (KafkaException e2) {
+                            // A new producer with the same transactional.id aborts it for us.
+                            producer.close(Duration.ZERO);
+                            producer = new KafkaProducer<>(props);
+                            producer.initTransactions();
+                        }
+                    }
                 }
-                producer.flush(); // every record is in the log, also those of a transaction to abort
-                if (txn > 0) {
-                    if (abort) producer.abortTransaction();
-                    else producer.commitTransaction();
-                    transactions++;
-                }
+                if (txn > 0) transactions++;
                 for (int i = 0; i < futures.size(); i++) {
-                    RecordMetadata md = futures.get(i).get();
+                    RecordMetadata md;
+                    try {
+                        md = futures.get(i).get();
+                    } catch (ExecutionException e) {
+                        continue; // never reached the log
+                    }
                     String kind = abort ? "aborted" : tombstones.get(i) ? "tombstone" : "committed";
                     manifest.println(md.partition() + "," + md.offset() + "," + kind);
                 }
                 manifest.flush();
             }
+        } finally {
+            producer.close();
         }
+        if (failures > 0) System.err.printf("phase %d: %d failed batches%n", index, failures);
         double seconds = (System.nanoTime() - t0) / 1e9;
         System.err.printf("phase %d: %d records, %d transactions in %.1fs%n", index, sent, transactions, seconds);
     }

@@ -6,6 +6,8 @@ pytest): a documented command for a quiet machine, from the repository root::
 
     python -m tests.reliability.soak --minutes 10
     python tests/reliability/soak.py --minutes 10 --seed 7 --keep
+    python -m tests.reliability.soak --minutes 30 --producer java --compression zstd \
+        --transactional --worker-every 30 --broker-every 300
 
 It starts a private broker (``deploy/local/kafka.sh`` with its own state folder, never the
 shared broker), a producer thread producing continuously, and one real worker process
@@ -15,6 +17,13 @@ SIGKILLed or SIGTERMed and started again (same group and worker id); with a rand
 between. Every worker incarnation writes its own audit file. At the end the producer stops,
 the broker and a worker are up, the worker drains the topic, and every offset below each
 partition's end offset must be in some audit file. Prints a summary; exits 1 on any loss.
+
+``--producer java`` writes with Apache Kafka's Java producer instead (tests/interop), with
+``--compression`` and, with ``--transactional``, transactions of 100 records of which every
+third is aborted. Its manifest says which records reached the log in committed and aborted
+transactions: every committed one must be trained, no aborted one may be. With
+``--worker-every``/``--broker-every`` the worker is killed and the broker restarted on
+schedules of their own (each gap drawn within +-30 %) instead of alternating.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from tests.interop.javaclients import JavaProducer, by_kind, read_manifest
 from tests.reliability.brokers import PrivateBroker
 from tests.reliability.relutil import error_lines, start_worker
 from tests.workerutil import WorkerProcess, end_offsets, worker_args
@@ -55,9 +65,12 @@ class Producer(threading.Thread):
     delivery timeout) are counted, not retried: those records never entered the topic.
     """
 
-    def __init__(self, bootstrap: str, topic: str, rate: float, seed: int) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, rate: float, seed: int, compression: str = "none"
+    ) -> None:
         super().__init__(name="soak-producer", daemon=True)
         self.bootstrap, self.topic, self.rate, self.seed = bootstrap, topic, rate, seed
+        self.compression = None if compression == "none" else compression
         self.sent = self.acked = self.failed = 0
         self.error: BaseException | None = None
         self._stop_event = threading.Event()
@@ -88,6 +101,7 @@ class Producer(threading.Thread):
                 linger_ms=20,
                 request_timeout_ms=10_000,
                 max_block_ms=20_000,
+                compression_type=self.compression,
             )
             try:
                 t0 = time.monotonic()
@@ -183,38 +197,80 @@ class Soak:
     # ---- the run ------------------------------------------------------------------------------
 
     def chaos(self, until: float) -> None:
+        if self.args.worker_every or self.args.broker_every:
+            self.scheduled_chaos(until)
+            return
         turn = 0
         while True:
             gap = self.rng.uniform(self.args.min_gap, self.args.max_gap)
             if time.monotonic() + gap >= until:
                 break
-            deadline = time.monotonic() + gap
-            while time.monotonic() < deadline:
-                if not self.worker.alive():
-                    code = self.worker.proc.returncode
-                    _say(f"worker exited by itself (code {code}): starting another")
-                    self.events["worker exits (unexpected)"] += 1
-                    self.start_worker()
-                time.sleep(0.5)
+            self.watch_worker(time.monotonic() + gap)
             if turn % 2 == 0:
-                how = self.rng.choice(["SIGKILL", "SIGTERM"])
-                down = self.rng.uniform(self.args.min_down, self.args.max_down)
-                _say(f"broker {how}, down for {down:.1f}s")
-                if how == "SIGKILL":
-                    self.broker.kill()
-                else:
-                    self.broker.stop()
-                time.sleep(down)
-                self.broker.start()
-                self.events[f"broker restarts ({how})"] += 1
-                _say("broker back")
+                self.restart_broker()
             else:
-                how = self.rng.choice(["SIGKILL", "SIGTERM"])
-                _say(f"worker {how}")
-                self.stop_worker(how)
-                self.events[f"worker kills ({how})"] += 1
-                self.start_worker()
+                self.kill_worker()
             turn += 1
+
+    def watch_worker(self, deadline: float) -> None:
+        """Until ``deadline``: start another worker if one exits by itself."""
+        while time.monotonic() < deadline:
+            if not self.worker.alive():
+                code = self.worker.proc.returncode
+                _say(f"worker exited by itself (code {code}): starting another")
+                self.events["worker exits (unexpected)"] += 1
+                self.start_worker()
+            time.sleep(0.5)
+
+    def restart_broker(self) -> None:
+        how = self.rng.choice(["SIGKILL", "SIGTERM"])
+        down = self.rng.uniform(self.args.min_down, self.args.max_down)
+        _say(f"broker {how}, down for {down:.1f}s")
+        if how == "SIGKILL":
+            self.broker.kill()
+        else:
+            self.broker.stop()
+        time.sleep(down)
+        self.broker.start()
+        self.events[f"broker restarts ({how})"] += 1
+        _say("broker back")
+
+    def kill_worker(self) -> None:
+        how = self.rng.choice(["SIGKILL", "SIGTERM"])
+        _say(f"worker {how}")
+        self.stop_worker(how)
+        self.events[f"worker kills ({how})"] += 1
+        self.start_worker()
+
+    def scheduled_chaos(self, until: float) -> None:
+        """Worker kills and broker restarts, each on its own schedule (gaps within +-30 %)."""
+
+        def gap(every: float) -> float:
+            return self.rng.uniform(0.7 * every, 1.3 * every) if every else float("inf")
+
+        now = time.monotonic()
+        next_worker = now + gap(self.args.worker_every)
+        next_broker = now + gap(self.args.broker_every)
+        while True:
+            due = min(next_worker, next_broker)
+            if due >= until:
+                break
+            self.watch_worker(due)
+            if next_broker <= next_worker:
+                self.restart_broker()
+                next_broker = time.monotonic() + gap(self.args.broker_every)
+            else:
+                self.kill_worker()
+                next_worker = time.monotonic() + gap(self.args.worker_every)
+
+    def group_at_log_end(self) -> bool:
+        """The group's commits are at every partition's log end (Kafka's LAG 0)."""
+        from consumers.admin import group_lag
+
+        rows = group_lag(
+            self.broker.plaintext, self.group, self.topic, isolation_level="read_uncommitted"
+        )
+        return all(r.lag == 0 for r in rows)
 
     def drain(self, expected: set[tuple[int, int]]) -> float:
         t0 = time.monotonic()
@@ -238,37 +294,67 @@ class Soak:
         from streamer.simulator import produce
 
         produce(self.broker.plaintext, self.topic, 0, partitions=PARTITIONS)  # creates it
-        producer = Producer(self.broker.plaintext, self.topic, args.rate, args.seed)
-        producer.start()
+        manifest = self.work / "manifest.csv"
+        java: subprocess.Popen[bytes] | None = None
+        producer: Producer | None = None
+        if args.producer == "java":
+            phase = f"records=0,codec={args.compression},rate={args.rate:g},seed={args.seed}"
+            if args.transactional:
+                phase += ",txn=100,abort_every=3"
+            java = JavaProducer().start(
+                self.broker.plaintext, self.topic, manifest, phase, log=self.work / "java.log"
+            )
+        else:
+            producer = Producer(
+                self.broker.plaintext, self.topic, args.rate, args.seed, args.compression
+            )
+            producer.start()
         self.start_worker()
         until = t_start + args.minutes * 60
         self.chaos(until)
         while time.monotonic() < until:
             time.sleep(0.5)
         _say("chaos over: stopping the producer and draining")
-        producer.stop()
         if not self.broker.running():
             self.broker.start()
-        ends = end_offsets(self.broker.plaintext, self.topic)
-        expected = {(p, o) for p, end in ends.items() for o in range(end)}
+        aborted: set[tuple[int, int]] = set()
+        if java is not None:
+            JavaProducer.stop(java, timeout=120)
+            kinds = by_kind(read_manifest(manifest))
+            expected = kinds.get("committed", set())
+            aborted = kinds.get("aborted", set())
+            # Batches the producer gave up on (the broker down longer than its timeouts).
+            failed = (self.work / "java.log").read_text().count("batch failed:")
+            produced, acked = len(expected) + len(aborted), len(expected)
+        else:
+            assert producer is not None
+            producer.stop()
+            ends = end_offsets(self.broker.plaintext, self.topic)
+            expected = {(p, o) for p, end in ends.items() for o in range(end)}
+            produced, acked, failed = producer.sent, producer.acked, producer.failed
         drain_s = self.drain(expected)
         self.stop_worker("SIGTERM")
         counts = self.trained()
         missing = sorted(expected - counts.keys())
-        extra = sorted(counts.keys() - expected)
+        extra = set(counts.keys() - expected)
         errors = [ln for w in self.workers for ln in error_lines(w.log())]
         elapsed = time.monotonic() - t_start
         summary = {
             "elapsed_s": round(elapsed, 1),
-            "records_sent": producer.sent,
-            "records_acked": producer.acked,
-            "sends_failed": producer.failed,
-            "records_in_topic": len(expected),
+            "producer": f"{args.producer} ({args.compression}"
+            + (", transactional)" if args.transactional else ")"),
+            "records_sent": produced,
+            "records_acked": acked,
+            "sends_failed": failed,
+            "records_expected": len(expected),
+            "records_aborted": len(aborted),
             "trained_unique": len(counts.keys() & expected),
             "trained_total": sum(counts.values()),
             "duplicates": sum(n - 1 for n in counts.values() if n > 1),
             "lost": len(missing),
-            "unknown_trained": len(extra),
+            "aborted_trained": len(counts.keys() & aborted),
+            "unknown_trained": len(extra - aborted),
+            "group_at_log_end": self.group_at_log_end(),
             "broker_restarts": sum(n for k, n in self.events.items() if k.startswith("broker")),
             "worker_kills": sum(n for k, n in self.events.items() if k.startswith("worker kills")),
             "drain_s": round(drain_s, 1),
@@ -286,7 +372,11 @@ class Soak:
             for line in errors[:10]:
                 print(f"    {line[:200]}")
         # Acked by the broker but not in the topic would be loss before the worker.
-        ok = not missing and producer.acked <= len(expected)
+        ok = (
+            not missing
+            and not counts.keys() & aborted
+            and (args.producer == "java" or acked <= len(expected))
+        )
         print(f"\nsoak {'PASSED: zero lost records' if ok else 'FAILED'}")
         return 0 if ok else 1
 
@@ -306,8 +396,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-down", type=float, default=1.0, help="broker downtime seconds")
     parser.add_argument("--max-down", type=float, default=10.0)
     parser.add_argument("--drain-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--producer",
+        choices=("python", "java"),
+        default="python",
+        help="who writes: a kafka-python producer thread, or Kafka's Java producer",
+    )
+    parser.add_argument(
+        "--compression", choices=("none", "gzip", "snappy", "lz4", "zstd"), default="none"
+    )
+    parser.add_argument(
+        "--transactional",
+        action="store_true",
+        help="java: transactions of 100 records, every third aborted",
+    )
+    parser.add_argument(
+        "--worker-every", type=float, default=0.0, help="kill the worker about every S seconds"
+    )
+    parser.add_argument(
+        "--broker-every", type=float, default=0.0, help="restart the broker about every S seconds"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     args = parser.parse_args(argv)
+    if args.transactional and args.producer != "java":
+        parser.error("--transactional needs --producer java")
     if args.seed is None:
         args.seed = random.randrange(1_000_000)
     for tool in ("java", "bash"):
