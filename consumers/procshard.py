@@ -50,7 +50,7 @@ def _unpack_block(data: bytes) -> RecordBlock:
     start = _HEADER.size + hlen
     topic, partition, offset, ts, lengths, serial, ends = pickle.loads(data[_HEADER.size : start])  # noqa: S301 - our own child
     stops = (np.cumsum(lengths) + start).tolist()
-    starts = [start, *stops[:-1]]
+    starts = [start, *stops[:-1]] if stops else []
     values = [data[a:b] for a, b in zip(starts, stops, strict=True)]
     return RecordBlock(topic, values, partition, offset, ts, int(lengths.sum()), serial, ends)
 
@@ -327,6 +327,15 @@ class ProcessShard:
     # ---- reader threads ---------------------------------------------------------------------
 
     def _read_blocks(self) -> None:
+        try:
+            self._receive_blocks()
+        except BaseException as exc:  # never a silent end of the stream: the pass fails
+            log.error("shard %d: reading blocks from the child failed: %r", self.shard_index, exc)
+            self.failed = exc
+            with self._cond:
+                self._cond.notify_all()
+
+    def _receive_blocks(self) -> None:
         while True:
             with self._cond:
                 while len(self._queue) >= self._max_blocks and not self._closed:

@@ -216,6 +216,23 @@ def test_take_commit_points_reports_only_advances() -> None:
     assert t.commit_points() == {0: 2, 1: 1, 2: 4}
 
 
+def test_ends_past_the_records_move_the_point_once_they_are_done() -> None:
+    t = OffsetTracker()
+    t.register([0, 0, 1], [10, 11, 4])
+    t.extend({0: 14, 2: 7})  # 12, 13: a commit marker and an aborted record; 2: markers only
+    assert t.commit_points() == {0: 10, 1: 4, 2: 7}
+    t.ack([0], [11])
+    assert t.commit_points()[0] == 10
+    t.ack([0], [10])
+    assert t.commit_points()[0] == 14
+    t.register([0], [14])  # the next record after the marker
+    assert t.commit_points()[0] == 14 and t.in_flight(0) == 1
+    t.extend({0: 12})  # an older end never moves the point back
+    t.ack([0], [14])
+    assert t.commit_points()[0] == 15
+    assert t.revoke([2]) == {2: 7}
+
+
 def test_seed_sets_a_floor() -> None:
     t = OffsetTracker()
     t.seed(0, 40)
@@ -381,7 +398,8 @@ class _Model:
     floor: int | None = None  # the last point (or seed): never moves back
     registered: bool = False
     taken: int | None = None
-    high: int | None = None  # max registered + 1 and seeds, whatever the rules ignore
+    high: int | None = None  # max registered + 1, seeds and ends, whatever the rules ignore
+    extent: int | None = None  # the highest end: a position past records (markers, gaps)
 
     def _raise_high(self, value: int) -> None:
         self.high = value if self.high is None else max(self.high, value)
@@ -392,6 +410,8 @@ class _Model:
         ends = [o + 1 for o in self.done]
         if self.floor is not None:
             ends.append(self.floor)
+        if self.extent is not None:
+            ends.append(self.extent)
         return max(ends) if ends else None
 
     def settle(self) -> None:
@@ -409,6 +429,11 @@ class _Model:
         if offset in self.pending:
             self.pending.remove(offset)
             self.done.add(offset)
+
+    def extend(self, end: int) -> None:
+        self.registered = True
+        self._raise_high(end)
+        self.extent = end if self.extent is None else max(self.extent, end)
 
     def seed(self, offset: int) -> None:
         self._raise_high(offset)
@@ -492,6 +517,13 @@ class TrackerMachine(RuleBasedStateMachine):
         for p in partitions:
             self.model.pop(p, None)
             self.seen.pop(p, None)
+
+    @rule(p=PARTITIONS, end=st.integers(0, 90))
+    def extend(self, p: int, end: int) -> None:
+        """The consumer's position moved past records: transaction markers, aborted ones."""
+        self.tracker.extend({p: end})
+        self._state(p).extend(end)
+        self._settle()
 
     @rule(p=PARTITIONS, offset=st.integers(0, 80))
     def seed(self, p: int, offset: int) -> None:

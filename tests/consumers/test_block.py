@@ -1,0 +1,56 @@
+"""RecordBlock: columns, ends (offsets past the records: transaction markers), and the process
+shard's wire format for blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from consumers.block import RecordBlock
+from consumers.procshard import _pack_block, _unpack_block
+
+
+def _block(ends: dict[int, int] | None = None) -> RecordBlock:
+    return RecordBlock.from_columns(
+        "t", [b"a", b"bb", b"", b"dddd"], [0, 1, 0, 1], [5, 7, 6, 8], [10, 11, 12, 13], 3, ends
+    )
+
+
+def test_next_offsets_take_the_ends_past_the_records() -> None:
+    assert _block().next_offsets() == {0: 7, 1: 9}
+    # Partition 1's position passed a commit marker at 9; partition 2 only passed markers.
+    block = _block({1: 10, 2: 4})
+    assert block.next_offsets() == {0: 7, 1: 10, 2: 4}
+    assert block.partitions() == [0, 1, 2]
+
+
+def test_without_partitions_drops_records_and_ends() -> None:
+    block = _block({1: 10, 2: 4})
+    rest = block.without_partitions({1})
+    assert rest is not None
+    assert rest.offset.tolist() == [5, 6] and rest.ends == {2: 4} and rest.serial == 3
+    only_ends = block.without_partitions({0, 1})
+    assert only_ends is not None and len(only_ends) == 0 and only_ends.ends == {2: 4}
+    assert block.without_partitions({0, 1, 2}) is None
+    assert block.without_partitions({9}) is block
+
+
+def test_the_pipe_format_round_trips_every_block() -> None:
+    for block in (
+        _block(),
+        _block({1: 10}),
+        RecordBlock.from_columns(
+            "t", [], [], [], [], 2, {0: 12}
+        ),  # a poll that only passed markers
+        RecordBlock.from_columns("t", [b"x" * 100_000], [3], [2**40], [-1]),
+    ):
+        back = _unpack_block(_pack_block(block))
+        assert back.values == block.values
+        for col in ("partition", "offset", "timestamp_ms"):
+            np.testing.assert_array_equal(getattr(back, col), getattr(block, col))
+            assert getattr(back, col).dtype == getattr(block, col).dtype
+        assert (back.topic, back.serial, back.ends, back.nbytes) == (
+            block.topic,
+            block.serial,
+            block.ends,
+            block.nbytes,
+        )
