@@ -93,6 +93,7 @@ class DeadLetterWriter:
         self._retry: list[_Letter] = []  # a heap by due time
         self._seq = itertools.count()
         self._backlog_bytes = 0
+        self._waiting: set[tuple[str, int, int]] = set()  # (topic, partition, offset) taken
         self._closing = False
         self.pending = 0  # taken and not yet acknowledged: queued, retrying or in flight
         self.written = 0
@@ -100,7 +101,7 @@ class DeadLetterWriter:
         self.refused = 0  # records not taken: the backlog was full
         self._failures_unlogged = 0
         self._logged_at = -1e9
-        self._producer = factory(
+        self._config: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers,
             client_id="streamer-dead-letter",
             acks="all",
@@ -108,10 +109,14 @@ class DeadLetterWriter:
             linger_ms=20,
             max_block_ms=max_block_ms,
             request_timeout_ms=10_000,
-            delivery_timeout_ms=30_000,
+            delivery_timeout_ms=15_000,
             max_request_size=16 * 1024 * 1024,
             **(security or {}),
         )
+        self._factory = factory
+        self._producer: Any = factory(**self._config)
+        #: Set by a failed write: the next write uses a new producer (see _fresh_producer).
+        self._renew = False
         self._thread = threading.Thread(target=self._run, name="streamer-dead-letter", daemon=True)
         self._thread.start()
 
@@ -120,13 +125,22 @@ class DeadLetterWriter:
     def send(
         self, value: bytes, source_topic: str, partition: int, offset: int, reason: str
     ) -> None:
-        """Queue one rejected record; returns at once."""
+        """Queue one rejected record; returns at once.
+
+        A record already waiting is not queued again: a new pass reads it again (the commit
+        point stayed below it) while its first write is retried; that write's ``on_done``
+        makes it done then.
+        """
+        key = (source_topic, partition, offset)
         with self._cond:
+            if key in self._waiting:
+                return
             if self._closing or self._backlog_bytes + len(value) > self.max_backlog_bytes:
                 self.refused += 1
                 refused = True
             else:
                 refused = False
+                self._waiting.add(key)
                 self._backlog_bytes += len(value)
                 self.pending += 1
                 self._new.append(
@@ -163,7 +177,31 @@ class DeadLetterWriter:
             return heapq.heappop(self._retry)
         return None
 
+    def _fresh_producer(self) -> bool:
+        """After a failed write, replace the producer; False if no new one could be made.
+
+        kafka-python keeps a topic's metadata (partition leader epochs) after the topic was
+        deleted, and ignores the metadata of a topic created again under the name as stale:
+        its writes then never complete. A new producer starts from fresh metadata.
+        """
+        if not self._renew:
+            return True
+        try:
+            producer = self._factory(**self._config)
+        except Exception as exc:  # the broker is down: the letter waits for the next try
+            log.debug("dead-letter producer not recreated: %r", exc)
+            return False
+        old, self._producer, self._renew = self._producer, producer, False
+        try:
+            old.close(timeout=0)  # its unfinished writes fail and are retried on the new one
+        except Exception as exc:
+            log.debug("closing the old dead-letter producer: %r", exc)
+        return True
+
     def _write(self, letter: _Letter) -> None:
+        if not self._fresh_producer():
+            self._failed(letter, RuntimeError("no dead-letter producer (broker unreachable?)"))
+            return
         headers = [
             (HEADER_TOPIC, letter.topic.encode()),
             (HEADER_PARTITION, str(letter.partition).encode()),
@@ -185,11 +223,13 @@ class DeadLetterWriter:
             self.pending -= 1
             self.written += 1
             self._backlog_bytes -= len(letter.value)
+            self._waiting.discard((letter.topic, letter.partition, letter.offset))
             self._cond.notify_all()
         self._on_done(letter.partition, letter.offset)
 
     def _failed(self, letter: _Letter, exc: BaseException) -> None:
         with self._cond:
+            self._renew = True
             self.failed += 1
             letter.attempts += 1
             letter.due = time.monotonic() + min(_MAX_RETRY_S, 2.0 ** (letter.attempts - 1))

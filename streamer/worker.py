@@ -463,6 +463,9 @@ class Worker:
             status.end()
             log.info("stopped (%s) at step %d", self._stop_reason, self.step)
             return 0
+        except ConfigError as exc:  # found at start-up: the deployment is wrong, not the run
+            log.error("%s", exc)
+            return 2
         except StreamerError as exc:
             log.error("%s", exc)
             return 1
