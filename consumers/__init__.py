@@ -1,4 +1,13 @@
-"""Kafka consumer shards: polling RecordBlocks with backpressure and commits (no TensorFlow here)."""
+"""Kafka consumer shards: polling RecordBlocks with backpressure and commits (no TensorFlow here).
+
+Importing this package is light: the modules that load a Kafka library (``shard``,
+``process``, ``clients``, ``admin``, ``positions``) are imported when first used, so pure code
+(``consumers.errors``, ``consumers.settings``, ``consumers.block``) can be imported anywhere.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from consumers.block import RecordBlock
 from consumers.errors import (
@@ -6,12 +15,18 @@ from consumers.errors import (
     BrokerUnavailableError,
     ConfigError,
     FencedError,
+    OffsetResetError,
     ShardFailedError,
     StreamerError,
+    TopicCreateError,
     TopicNotFoundError,
 )
+from consumers.group import JoinBarrier
+from consumers.hooks import ShardHooks, ShardLike
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings
-from consumers.shard import Shard, ShardHooks, open_consumer
+
+if TYPE_CHECKING:
+    from consumers.group import Barrier
 
 __all__ = [
     "AuthenticationError",
@@ -19,13 +34,41 @@ __all__ = [
     "ConfigError",
     "ConsumerSettings",
     "FencedError",
+    "JoinBarrier",
+    "OffsetResetError",
     "RecordBlock",
     "Secret",
     "SecuritySettings",
-    "Shard",
     "ShardFailedError",
     "ShardHooks",
+    "ShardLike",
     "StreamerError",
+    "TopicCreateError",
     "TopicNotFoundError",
-    "open_consumer",
+    "open_shard",
 ]
+
+
+def open_shard(
+    settings: ConsumerSettings,
+    shard_index: int,
+    num_shards: int,
+    *,
+    hooks: ShardHooks | None = None,
+    barrier: Barrier | None = None,
+    restore: dict[int, int] | None = None,
+) -> ShardLike:
+    """Shard ``shard_index`` of ``num_shards`` in ``settings.shard_runtime`` (not started).
+
+    ``restore``: offsets to start partitions at (a checkpoint); a thread shard gets them from
+    its hooks' ``on_assigned`` instead, so a process shard's child needs them up front.
+    """
+    if settings.shard_runtime == "process":
+        from consumers.process import ProcessShard
+
+        return ProcessShard(
+            settings, shard_index, num_shards, hooks=hooks, barrier=barrier, restore=restore
+        )
+    from consumers.shard import Shard
+
+    return Shard(settings, shard_index, num_shards, hooks=hooks, barrier=barrier)

@@ -7,6 +7,7 @@ __all__ = [
     "BrokerUnavailableError",
     "ConfigError",
     "FencedError",
+    "OffsetResetError",
     "ShardFailedError",
     "StreamerError",
     "TlsHandshakeError",
@@ -111,6 +112,20 @@ class FencedError(StreamerError):
         super().__init__(
             f"fenced: another consumer joined with group_instance_id {group_instance_id!r}; "
             "each worker needs a unique --worker-id"
+        )
+
+
+class OffsetResetError(StreamerError):
+    """Partitions have no valid position (no committed offset, or one out of range) and
+    ``auto_offset_reset`` is ``none``: the shard may not choose where to start."""
+
+    def __init__(self, topic: str, partitions: list[int], out_of_range: bool) -> None:
+        self.topic = topic
+        self.partitions = sorted(partitions)
+        what = "are out of range" if out_of_range else "have no committed offset"
+        super().__init__(
+            f"partitions {self.partitions} of {topic} {what} and auto_offset_reset=none; "
+            "set --auto-offset-reset earliest or latest"
         )
 
 

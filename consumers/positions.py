@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import logging
 
-from kafka import KafkaConsumer, TopicPartition
+from kafka import TopicPartition
 
+from consumers.clients.kafka_python import probe_consumer
 from consumers.errors import TopicNotFoundError
 from consumers.settings import ConsumerSettings
 
@@ -23,10 +24,12 @@ def start_offsets(settings: ConsumerSettings, position: str | int) -> dict[int, 
     >>> start_offsets(settings, 1767225600000)   # doctest: +SKIP
     {0: 1200, 1: 1187}
     """
-    cfg = settings.kafka_config(0)
-    for key in ("group_id", "group_instance_id"):
-        cfg.pop(key, None)
-    consumer = KafkaConsumer(**cfg)
+    consumer = probe_consumer(
+        settings.bootstrap_servers,
+        settings.security,
+        settings.bootstrap_timeout_ms,
+        settings.isolation_level,
+    )
     try:
         parts = consumer.partitions_for_topic(settings.topic)
         if not parts:

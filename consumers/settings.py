@@ -258,36 +258,6 @@ class ConsumerSettings:
         assert self.partitions is not None
         return sorted(p for p in self.partitions if p % num_shards == shard_index)
 
-    def kafka_config(self, shard_index: int) -> dict[str, Any]:
-        """kafka-python KafkaConsumer keyword arguments for one shard. Auto-commit is always off."""
-        cfg: dict[str, Any] = {
-            "bootstrap_servers": [s.strip() for s in self.bootstrap_servers.split(",")],
-            "client_id": f"{self.client_id}-{self.worker_id}-{shard_index}",
-            "enable_auto_commit": False,
-            # The shard applies auto_offset_reset itself, so that an out-of-range offset (data
-            # deleted by retention: upstream loss) is counted and logged loudly, never silent.
-            "auto_offset_reset": "none",
-            "isolation_level": self.isolation_level,
-            "max_poll_records": self.max_poll_records,
-            "fetch_max_bytes": self.fetch_max_bytes,
-            "max_partition_fetch_bytes": self.max_partition_fetch_bytes,
-            "max_poll_interval_ms": self.max_poll_interval_ms,
-            "session_timeout_ms": self.session_timeout_ms,
-            "heartbeat_interval_ms": self.heartbeat_interval_ms,
-            "request_timeout_ms": self.request_timeout_ms,
-            "metadata_max_age_ms": self.metadata_max_age_ms,
-            "bootstrap_timeout_ms": self.bootstrap_timeout_ms,
-            "check_crcs": True,
-        }
-        if self.mode == "group":
-            cfg["group_id"] = self.group_id
-            cfg["group_instance_id"] = self.group_instance_id(shard_index)
-        else:
-            # Static mode still commits to the group (for monitoring and restarts), but never joins it.
-            cfg["group_id"] = self.group_id or None
-        cfg.update(self.security.kafka_config())
-        return cfg
-
     def describe(self) -> dict[str, Any]:
         """A loggable view: secrets shown as ***."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "security"}

@@ -13,6 +13,7 @@ from typing import IO, Any
 
 import numpy as np
 
+from consumers.clients.kafka_python import consumer_config
 from consumers.settings import ConsumerSettings
 
 __all__ = ["BenchResult", "run_bench"]
@@ -143,7 +144,7 @@ def bench_raw(cs: ConsumerSettings, n: int) -> float:
     """A plain poll loop with the same consumer settings, touching every value."""
     from kafka import KafkaConsumer, TopicPartition
 
-    cfg = cs.kafka_config(0)
+    cfg = consumer_config(cs, 0)
     cfg.pop("group_instance_id", None)
     cfg["group_id"] = None
     c = KafkaConsumer(**cfg)
@@ -174,7 +175,7 @@ def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
     from streamer.simulator import SimulatorTask
 
     schema = SimulatorTask().schema()
-    cfg = cs.kafka_config(0)
+    cfg = consumer_config(cs, 0)
     cfg.pop("group_instance_id", None)
     cfg["group_id"] = None
 

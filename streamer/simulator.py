@@ -87,7 +87,7 @@ class SimulatorTask:
 class SimulatedShard:
     """A shard with no Kafka: generates RecordBlocks of simulator records in-process.
 
-    It has the shape of ``consumers.Shard`` (start/get/commit/close/assigned) so the embedded
+    It is a ``consumers.ShardLike`` (start/get/commit/close/assigned and the rest) so the embedded
     source goes through exactly the same block, decode, tracker and commit path. Shard k owns
     the virtual partitions p with p % num_shards == k; offsets count up from 0 per partition.
     """
@@ -121,8 +121,11 @@ class SimulatedShard:
         self._emitted = 0
         self.committed: dict[int, int] = {}
         self.last_record_monotonic = time.monotonic()
+        self.last_rebalance_monotonic = self.last_record_monotonic
         self.failed: BaseException | None = None
         self.queued_records = 0
+        self.joining = False  # no group: always assigned
+        self.topic_missing = False
 
     def start(self) -> SimulatedShard:
         return self

@@ -7,15 +7,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
 
+from consumers import JoinBarrier, ShardHooks, ShardLike, open_shard
 from consumers.block import RecordBlock
 from consumers.errors import ConfigError, StreamerError
 from consumers.settings import ConsumerSettings
-from consumers.shard import JoinBarrier, Shard, ShardHooks
 from streamer.decode import decode_block
 from streamer.gctune import release_free_memory
 from streamer.offsets import OffsetTracker
@@ -43,21 +43,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 METADATA_COLUMNS = ("partition", "offset", "timestamp")
-
-
-class ShardLike(Protocol):
-    """What the source needs of a shard: consumers.Shard and simulator.SimulatedShard."""
-
-    last_record_monotonic: float
-
-    def start(self) -> Any: ...
-    def get(
-        self, timeout: float, claim: Callable[[RecordBlock], RecordBlock] | None = None
-    ) -> RecordBlock | None: ...
-    def commit(self, offsets: dict[int, int]) -> None: ...
-    def close(self, timeout: float = ...) -> None: ...
-    @property
-    def assigned(self) -> frozenset[int]: ...
 
 
 ShardFactory = Callable[[int, int, ShardHooks], ShardLike]
@@ -267,15 +252,9 @@ class StreamSource:
 
     def _kafka_factory(self, consumer: ConsumerSettings) -> ShardFactory:
         def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
-            if consumer.shard_runtime == "process":
-                from consumers.procshard import ProcessShard
-
-                with self._lock:
-                    restore = dict(self._restore)
-                return ProcessShard(
-                    consumer, k, n, hooks=hooks, barrier=self._barrier, restore=restore
-                )
-            return Shard(consumer, k, n, hooks=hooks, barrier=self._barrier)
+            with self._lock:
+                restore = dict(self._restore)
+            return open_shard(consumer, k, n, hooks=hooks, barrier=self._barrier, restore=restore)
 
         return make
 
@@ -389,14 +368,14 @@ class StreamSource:
                 if (
                     block is None
                     and self._stop_offsets is not None
-                    and not getattr(shard, "joining", False)
+                    and not shard.joining
                     and shard.assigned <= self._reached_set()
                 ):
                     break  # replay: this shard's partitions are all at their stop offsets
                 if block is None:
                     # Joining the group takes seconds: idle time counts from the last assignment.
-                    since = max(idle_since, getattr(shard, "last_rebalance_monotonic", 0.0))
-                    if getattr(shard, "joining", False):
+                    since = max(idle_since, shard.last_rebalance_monotonic)
+                    if shard.joining:
                         since = idle_since = time.monotonic()
                     if time.monotonic() - since >= self.settings.idle_timeout_seconds:
                         break
@@ -648,9 +627,8 @@ class StreamSource:
         with self._lock:
             shards = list(self._open)
         for shard in shards:
-            failed: BaseException | None = getattr(shard, "failed", None)
-            if failed is not None:
-                return failed
+            if shard.failed is not None:
+                return shard.failed
         return None
 
     def close(self) -> None:

@@ -17,8 +17,8 @@ from typing import IO, Any
 import numpy as np
 import tensorflow as tf
 
+from consumers import ShardHooks, ShardLike
 from consumers.errors import ConfigError, StreamerError
-from consumers.shard import ShardHooks
 from streamer.config import WorkerConfig, resolve_shard_runtime
 from streamer.evaluate import Evaluator
 from streamer.export import Exporter
@@ -30,7 +30,7 @@ from streamer.offsets import OffsetTracker
 from streamer.probe import BrokerProbe
 from streamer.schema import Schema
 from streamer.simulator import SimulatedShard, SimulatorTask
-from streamer.source import METADATA_COLUMNS, ShardLike, StreamSource
+from streamer.source import METADATA_COLUMNS, StreamSource
 from streamer.tboard import ProfileWindow, TrainingSummaries
 from streamer.train import Checkpointer, Trainer, choose_strategy
 
@@ -401,7 +401,7 @@ class Worker:
             assert self.metrics is not None
             with self.source._lock:
                 shards = list(self.source._open)
-            queued = sum(int(getattr(s, "queued_records", 0)) for s in shards)
+            queued = sum(s.queued_records for s in shards)
             self.metrics.set_queue("shard", queued, shard_capacity)
             # Emitted into tf.data and not yet trained: the decode/rebatch/prefetch stages
             # (autotuned by tf.data, so no fixed capacity: reported as 0).

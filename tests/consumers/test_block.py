@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from consumers.block import RecordBlock
-from consumers.procshard import _pack_block, _unpack_block
+from consumers.process import _pack_block, _unpack_block
 
 
 def _block(ends: dict[int, int] | None = None) -> RecordBlock:

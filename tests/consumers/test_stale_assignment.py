@@ -20,9 +20,11 @@ import pytest
 from kafka import KafkaConsumer
 from kafka.admin import NewPartitions
 
-from consumers.procshard import ProcessShard
+from consumers.group import JoinBarrier
+from consumers.hooks import ShardHooks
+from consumers.process import ProcessShard
 from consumers.settings import ConsumerSettings
-from consumers.shard import JoinBarrier, Shard, ShardHooks
+from consumers.shard import Shard
 from streamer.simulator import produce
 
 pytestmark = pytest.mark.kafka
@@ -67,7 +69,7 @@ def _leave_stale_assignment(
         c.subscribe([settings.topic])
         consumers.append(c)
     # One thread per consumer, polling back to back: kafka-python 3.0.12 can leave a join
-    # unfinished when it completes while no poll() awaits it (see Shard._await_join).
+    # unfinished when it completes while no poll() awaits it (see kafka_python_internals.await_join).
     stop = threading.Event()
 
     def poll(c: Any) -> None:

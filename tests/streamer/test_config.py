@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from consumers.clients.kafka_python import consumer_config
 from consumers.errors import ConfigError
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings
 from streamer.config import OPTIONS, load_config
@@ -86,7 +87,7 @@ def test_secrets_come_from_env_or_file_and_never_show(tmp_path: Path) -> None:
     )
     assert c.sasl_password == Secret("s3cr3t-pw")
     cs = c.consumer_settings()
-    assert cs.kafka_config(0)["sasl_plain_password"] == "s3cr3t-pw"
+    assert consumer_config(cs, 0)["sasl_plain_password"] == "s3cr3t-pw"
     for text in (repr(c), str(c.describe()), repr(cs), str(cs.describe()), repr(cs.security)):
         assert "s3cr3t-pw" not in text
 
@@ -106,7 +107,7 @@ def test_consumer_settings_never_auto_commit_and_static_split() -> None:
         partitions=(0, 1, 2, 3, 4),
         num_shards=2,
     )
-    assert cs.kafka_config(0)["enable_auto_commit"] is False
+    assert consumer_config(cs, 0)["enable_auto_commit"] is False
     assert cs.static_partitions(0, 2) == [0, 2, 4]
     assert cs.static_partitions(1, 2) == [1, 3]
 

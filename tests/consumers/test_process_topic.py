@@ -9,9 +9,9 @@ from collections.abc import Callable
 import pytest
 from kafka.admin import KafkaAdminClient, NewTopic
 
-from consumers.procshard import ProcessShard
+from consumers.hooks import ShardHooks
+from consumers.process import ProcessShard
 from consumers.settings import ConsumerSettings
-from consumers.shard import ShardHooks
 
 pytestmark = pytest.mark.kafka
 

@@ -1,25 +1,31 @@
-"""ProcessShard: a Shard running in a child process, handing blocks over a pipe (past one core)."""
+"""ProcessShard: a Shard running in a child process, handing blocks over a pipe (past one core).
+
+Two pipes join parent and child. The data pipe carries blocks, packed as a small pickled
+header plus the raw values. The control pipe carries small typed events up (the dataclasses
+below: what the child's shard tells its hooks) and commands down (commit, release, close).
+"""
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import logging
 import multiprocessing
-import multiprocessing.connection
 import pickle
 import struct
 import threading
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from consumers.block import RecordBlock
 from consumers.errors import ShardFailedError, StreamerError
+from consumers.group import Barrier
+from consumers.hooks import Claim, ShardHooks
+from consumers.queue import BlockQueue
 from consumers.settings import ConsumerSettings
-from consumers.shard import JoinBarrier, Shard, ShardHooks
+from consumers.shard import Shard
 
 __all__ = ["ProcessShard"]
 
@@ -55,6 +61,110 @@ def _unpack_block(data: bytes) -> RecordBlock:
     return RecordBlock(topic, values, partition, offset, ts, int(lengths.sum()), serial, ends)
 
 
+# ---- events: child -> parent ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Assigned:
+    partitions: list[int]
+    serial: int
+
+
+@dataclass(frozen=True, slots=True)
+class Revoked:
+    partitions: list[int]
+    serial: int
+    lost: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Polled:
+    records: int
+    nbytes: int
+    highwater: dict[int, int]
+    position: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class StableOffsets:
+    offsets: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    offsets: dict[int, int]
+    ok: bool
+    seconds: float
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorSeen:
+    kind: str
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class Paused:
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCommitted:
+    offsets: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicMissing:
+    missing: bool
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    fields: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Joining:
+    joining: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BarrierReport:
+    generation: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    error: BaseException
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    pass
+
+
+# ---- commands: parent -> child ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    offsets: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    pass
+
+
+# ---- the child --------------------------------------------------------------------------------
+
+
 class _ChildHooks(ShardHooks):
     """Runs in the child: forwards events to the parent, answers the IO thread's questions locally."""
 
@@ -73,16 +183,16 @@ class _ChildHooks(ShardHooks):
     def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
         for p in partitions:  # requests made under an earlier assignment say nothing now
             self.points.pop(p, None)
-        self._send(("assigned", partitions, self._serial()))
+        self._send(Assigned(partitions, self._serial()))
         return {p: self._restore.pop(p) for p in partitions if p in self._restore}
 
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        self._send(("revoked", partitions, self._serial()))
+        self._send(Revoked(partitions, self._serial(), lost=False))
         # The parent's tracker is the truth; the last points it sent are at or below it (safe).
         return {p: self.points[p] for p in partitions if p in self.points}
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:
-        self._send(("lost", partitions, self._serial()))
+        self._send(Revoked(partitions, self._serial(), lost=True))
 
     def on_poll(
         self,
@@ -96,29 +206,29 @@ class _ChildHooks(ShardHooks):
         self._poll[1] += nbytes
         now = time.monotonic()
         if now - self._last_poll_sent >= 0.25:
-            self._send(("poll", self._poll[0], self._poll[1], highwater, position))
+            self._send(Polled(self._poll[0], self._poll[1], highwater, position))
             self._poll = [0, 0]
             self._last_poll_sent = now
 
     def on_stable_offsets(self, shard_index: int, offsets: dict[int, int]) -> None:
-        self._send(("stable", offsets))
+        self._send(StableOffsets(offsets))
 
     def on_commit(
         self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
     ) -> None:
-        self._send(("commit", offsets, ok, seconds, error))
+        self._send(Committed(offsets, ok, seconds, error))
 
     def on_error(self, kind: str, exc: BaseException) -> None:
-        self._send(("error", kind, f"{type(exc).__name__}: {exc}"))
+        self._send(ErrorSeen(kind, f"{type(exc).__name__}: {exc}"))
 
     def on_paused(self, shard_index: int, paused: int) -> None:
-        self._send(("paused", paused))
+        self._send(Paused(paused))
 
     def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
-        self._send(("group_committed", offsets))
+        self._send(GroupCommitted(offsets))
 
     def on_topic_missing(self, shard_index: int, missing: bool) -> None:
-        self._send(("topic_missing", missing))
+        self._send(TopicMissing(missing))
 
 
 class _ForwardLogs(logging.Handler):
@@ -138,7 +248,7 @@ class _ForwardLogs(logging.Handler):
                 record.exc_text = logging.Formatter().formatException(record.exc_info)
             fields = dict(record.__dict__)
             fields.update(msg=record.getMessage(), args=None, exc_info=None)
-            self._send(("log", fields))
+            self._send(LogRecord(fields))
         except Exception:  # a record we cannot send must never break the child
             self.handleError(record)
 
@@ -163,7 +273,7 @@ class _RemoteBarrier:
     def report(self, shard_index: int, generation: int | None) -> bool:
         if generation != self._last:
             self._last = generation
-            self._send(("barrier", generation))
+            self._send(BarrierReport(generation))
         return self.released
 
 
@@ -179,9 +289,9 @@ def _child_main(
 ) -> None:
     lock = threading.Lock()
 
-    def send(msg: Any) -> None:
+    def send(event: object) -> None:
         with lock:
-            ctrl_conn.send(msg)
+            ctrl_conn.send(event)
 
     logging.getLogger().handlers[:] = [_ForwardLogs(send)]
     for name, level in levels.items():
@@ -189,31 +299,31 @@ def _child_main(
 
     hooks = _ChildHooks(send, restore)
     barrier = _RemoteBarrier(send) if use_barrier else None
-    shard = Shard(settings, shard_index, num_shards, hooks=hooks, barrier=barrier)  # type: ignore[arg-type]
+    shard = Shard(settings, shard_index, num_shards, hooks=hooks, barrier=barrier)
     hooks.shard = shard
     stop = threading.Event()
 
     def commands() -> None:
         while not stop.is_set():
             try:
-                msg = ctrl_conn.recv()
+                command = ctrl_conn.recv()
             except (EOFError, OSError):
                 stop.set()
                 return
-            kind = msg[0]
-            if kind == "commit":
-                hooks.points.update(msg[1])
-                shard.commit(msg[1])
-            elif kind == "release" and barrier is not None:
-                barrier.released = True
-            elif kind == "close":
-                stop.set()
-                return
+            match command:
+                case Commit(offsets):
+                    hooks.points.update(offsets)
+                    shard.commit(offsets)
+                case Release() if barrier is not None:
+                    barrier.released = True
+                case Close():
+                    stop.set()
+                    return
 
     try:
         shard.start()
     except BaseException as exc:
-        send(("failed", _picklable(exc)))
+        send(Failed(_picklable(exc)))
         return
     reader = threading.Thread(target=commands, name="streamer-shard-commands", daemon=True)
     reader.start()
@@ -222,19 +332,19 @@ def _child_main(
         while not stop.is_set():
             if shard.joining != joining:  # the parent's idle clock stops while the group rebalances
                 joining = shard.joining
-                send(("joining", joining))
+                send(Joining(joining))
             block = shard.get(0.1)
             if block is not None:
                 data_conn.send_bytes(_pack_block(block))
     except ShardFailedError as exc:
-        send(("failed", _picklable(exc.__cause__ or exc)))
+        send(Failed(_picklable(exc.__cause__ or exc)))
     except (BrokenPipeError, EOFError, OSError):
         pass
     finally:
         stop.set()
         shard.close()
         with contextlib.suppress(OSError):
-            send(("closed",))
+            send(Closed())
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -245,13 +355,16 @@ def _picklable(exc: BaseException) -> BaseException:
         return StreamerError(f"{type(exc).__name__}: {exc}")
 
 
+# ---- the parent -------------------------------------------------------------------------------
+
+
 class ProcessShard:
-    """The shape of ``consumers.Shard``, with the consumer in a child process.
+    """A ``ShardLike`` whose consumer runs in a child process.
 
     kafka-python parses records in Python, so a process tops out at one core's parse rate
     however many thread shards it runs. A ProcessShard polls in a spawned child (no TensorFlow
-    there), sends blocks over a pipe and receives commit requests back. The join barrier
-    stays in the parent, shared by all the pass's shards.
+    there), receives blocks over a pipe into a ``BlockQueue`` and sends commit requests back.
+    The join barrier stays in the parent, shared by all the pass's shards.
     """
 
     def __init__(
@@ -261,7 +374,7 @@ class ProcessShard:
         num_shards: int,
         *,
         hooks: ShardHooks | None = None,
-        barrier: JoinBarrier | None = None,
+        barrier: Barrier | None = None,
         restore: dict[int, int] | None = None,
         max_blocks: int | None = None,
     ) -> None:
@@ -271,9 +384,8 @@ class ProcessShard:
         self.hooks = hooks or ShardHooks()
         self._barrier = barrier if settings.mode == "group" else None
         self._restore = dict(restore or {})
-        self._max_blocks = max_blocks or settings.queue_max_blocks
-        self._cond = threading.Condition()
-        self._queue: collections.deque[RecordBlock] = collections.deque()
+        self._queue = BlockQueue(max_blocks or settings.queue_max_blocks)
+        self._lock = self._queue.lock
         self._assigned: set[int] = set()
         # The child's assignment serial as far as its events have arrived, and per partition
         # the serial of its last revocation: blocks travel on another pipe than events, so a
@@ -324,7 +436,7 @@ class ProcessShard:
             self._threads.append(t)
         return self
 
-    # ---- reader threads ---------------------------------------------------------------------
+    # ---- reader threads ----------------------------------------------------------------------
 
     def _read_blocks(self) -> None:
         try:
@@ -332,120 +444,116 @@ class ProcessShard:
         except BaseException as exc:  # never a silent end of the stream: the pass fails
             log.error("shard %d: reading blocks from the child failed: %r", self.shard_index, exc)
             self.failed = exc
-            with self._cond:
-                self._cond.notify_all()
+            self._queue.wake()
 
     def _receive_blocks(self) -> None:
         while True:
-            with self._cond:
-                while len(self._queue) >= self._max_blocks and not self._closed:
-                    self._cond.wait(0.5)  # the pipe and then the child's own queue fill up
+            with self._lock:
+                while self._queue.full and not self._closed:
+                    self._lock.wait(0.5)  # the pipe and then the child's own queue fill up
             try:
                 data = self._data.recv_bytes()
             except (EOFError, OSError):
                 return
             if self._closed:
                 continue  # closing: drain so the child is never stuck in send
-            block = _unpack_block(data)
-            with self._cond:
-                while block.serial > self._serial and not self._closed:
-                    self._cond.wait(0.5)
+            block: RecordBlock | None = _unpack_block(data)
+            with self._lock:
+                while block is not None and block.serial > self._serial and not self._closed:
+                    self._lock.wait(0.5)
+                assert block is not None
                 gone = {
                     p
                     for p in block.partitions()
                     if p not in self._assigned or self._revoked_at.get(p, -1) > block.serial
                 }
-                if gone:
-                    block = block.without_partitions(gone)  # type: ignore[assignment]
+                block = block.without_partitions(gone) if gone else block
                 if block is not None:
-                    self._queue.append(block)
+                    self._queue.put(block)
                     if len(block):
                         self.last_record_monotonic = time.monotonic()
-                    self._cond.notify_all()
 
     def _read_events(self) -> None:
         while True:
             try:
-                msg = self._ctrl.recv()
+                event = self._ctrl.recv()
             except (EOFError, OSError):
                 break
-            kind = msg[0]
-            if kind == "assigned":
+            if isinstance(event, Closed):
+                break
+            self._handle(event)
+        self._child_closed.set()
+        self._queue.wake()
+
+    def _handle(self, event: object) -> None:
+        hooks, k = self.hooks, self.shard_index
+        match event:
+            case Assigned(partitions, serial):
                 self._child_up = True
                 self.last_rebalance_monotonic = time.monotonic()
-                with self._cond:
-                    self._assigned = set(msg[1])
-                self.hooks.on_assigned(self.shard_index, msg[1])
-                with self._cond:  # blocks of this assignment wait until the owner knows it
-                    self._serial = max(self._serial, msg[2])
-                    self._cond.notify_all()
-            elif kind in ("revoked", "lost"):
-                gone = set(msg[1])
-                with self._cond:
+                with self._lock:
+                    self._assigned = set(partitions)
+                hooks.on_assigned(k, partitions)
+                with self._lock:  # blocks of this assignment wait until the owner knows it
+                    self._serial = max(self._serial, serial)
+                    self._lock.notify_all()
+            case Revoked(partitions, serial, lost):
+                gone = set(partitions)
+                with self._lock:
                     self._assigned -= gone
-                    self._serial = max(self._serial, msg[2])
+                    self._serial = max(self._serial, serial)
                     for p in gone:
-                        self._revoked_at[p] = msg[2]
-                    kept = collections.deque(
-                        b
-                        for b in (blk.without_partitions(gone) for blk in self._queue)
-                        if b is not None
-                    )
-                    self._queue = kept
-                    self._cond.notify_all()
+                        self._revoked_at[p] = serial
+                    self._queue.drop(gone)
                     # Under the lock get(claim=...) takes: a block is claimed before or dropped.
-                    if kind == "revoked":
-                        self.hooks.on_revoked(self.shard_index, msg[1])
+                    if lost:
+                        hooks.on_lost(k, partitions)
                     else:
-                        self.hooks.on_lost(self.shard_index, msg[1])
-            elif kind == "poll":
-                self.hooks.on_poll(self.shard_index, msg[1], msg[2], msg[3], msg[4])
-            elif kind == "commit":
-                self.hooks.on_commit(msg[1], msg[2], msg[3], msg[4])
-            elif kind == "stable":
-                self.hooks.on_stable_offsets(self.shard_index, msg[1])
-            elif kind == "error":
-                self.hooks.on_error(msg[1], StreamerError(msg[2]))
-            elif kind == "paused":
-                self.hooks.on_paused(self.shard_index, msg[1])
-            elif kind == "group_committed":
-                self.hooks.on_group_committed(self.shard_index, msg[1])
-            elif kind == "topic_missing":
-                self.topic_missing = bool(msg[1])
-                self.hooks.on_topic_missing(self.shard_index, self.topic_missing)
-            elif kind == "log":
-                record = logging.makeLogRecord(msg[1])
+                        hooks.on_revoked(k, partitions)
+            case Polled(records, nbytes, highwater, position):
+                hooks.on_poll(k, records, nbytes, highwater, position)
+            case StableOffsets(offsets):
+                hooks.on_stable_offsets(k, offsets)
+            case Committed(offsets, ok, seconds, error):
+                hooks.on_commit(offsets, ok, seconds, error)
+            case ErrorSeen(kind, text):
+                hooks.on_error(kind, StreamerError(text))
+            case Paused(count):
+                hooks.on_paused(k, count)
+            case GroupCommitted(offsets):
+                hooks.on_group_committed(k, offsets)
+            case TopicMissing(missing):
+                self.topic_missing = missing
+                hooks.on_topic_missing(k, missing)
+            case LogRecord(fields):
+                record = logging.makeLogRecord(fields)
                 logging.getLogger(record.name).handle(record)
-            elif kind == "joining":
-                self._child_joining = bool(msg[1])
-                if not self._child_joining:
+            case Joining(joining):
+                self._child_joining = joining
+                if not joining:
                     self.last_rebalance_monotonic = time.monotonic()
-            elif kind == "barrier" and self._barrier is not None:
-                self._generation = (msg[1],)
-                if self._barrier.report(self.shard_index, msg[1]):
+            case BarrierReport(generation) if self._barrier is not None:
+                self._generation = (generation,)
+                if self._barrier.report(k, generation):
                     self._release()
-            elif kind == "failed":
-                self.failed = msg[1]
-            elif kind == "closed":
-                break
-        self._child_closed.set()
-        with self._cond:
-            self._cond.notify_all()
+            case Failed(error):
+                self.failed = error
+                self._queue.wake()
 
     def _release(self) -> None:
         if not self._joined:
             self._joined = True
-            self._send(("release",))
+            self._send(Release())
 
-    def _send(self, msg: Any) -> None:
+    def _send(self, command: object) -> None:
         with contextlib.suppress(OSError, ValueError):
-            self._ctrl.send(msg)
+            self._ctrl.send(command)
 
-    # ---- the Shard interface ----------------------------------------------------------------
+    # ---- ShardLike ---------------------------------------------------------------------------
 
     @property
     def assigned(self) -> frozenset[int]:
-        with self._cond:
+        with self._lock:
             return frozenset(self._assigned)
 
     @property
@@ -468,40 +576,30 @@ class ProcessShard:
 
     @property
     def queued_records(self) -> int:
-        with self._cond:
-            return sum(len(b) for b in self._queue)
+        return self._queue.queued_records
 
-    def get(
-        self, timeout: float, claim: Callable[[RecordBlock], RecordBlock] | None = None
-    ) -> RecordBlock | None:
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while not self._queue:
-                if self.failed is not None:
-                    raise ShardFailedError(self.shard_index, self.failed)
-                if self._child_closed.is_set() or self._closed:
-                    return None
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                self._cond.wait(remaining)
-            block = self._queue.popleft()
-            self._cond.notify_all()
-            return claim(block) if claim is not None else block
+    def get(self, timeout: float, claim: Claim | None = None) -> RecordBlock | None:
+        block = self._queue.get(
+            timeout,
+            claim,
+            ended=lambda: self.failed is not None or self._child_closed.is_set() or self._closed,
+        )
+        if block is None and self.failed is not None:
+            raise ShardFailedError(self.shard_index, self.failed)
+        return block
 
     def commit(self, offsets: dict[int, int]) -> None:
         if offsets:
-            self._send(("commit", dict(offsets)))
+            self._send(Commit(dict(offsets)))
 
     def close(self, timeout: float = 10.0) -> None:
         """Flush requested commits in the child, stop it, and join every thread. Idempotent."""
         if self._closed:
             return
-        with self._cond:
+        with self._lock:
             self._closed = True
-            self._queue.clear()
-            self._cond.notify_all()
-        self._send(("close",))
+        self._queue.clear()
+        self._send(Close())
         self._child_closed.wait(timeout)
         if self._proc is not None:
             self._proc.join(timeout)

@@ -1,0 +1,188 @@
+"""The client interface: what a shard needs of a Kafka consumer, whichever library provides it.
+
+A shard (``consumers.shard``) owns one ``ConsumerClient`` and calls it from its poller thread
+only: every library call happens there (kafka-python is not thread-safe; confluent-kafka 2.16
+serializes calls across threads and can starve a second caller). Rebalance callbacks reach
+the shard through a ``RebalanceListener`` on whatever thread the library runs them (kafka-python:
+its IO thread; confluent-kafka: inside ``poll()``, on the poller thread). The adapter turns the
+library's errors into the exceptions below and ours (``consumers.errors``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from consumers.block import RecordBlock
+from consumers.errors import StreamerError
+
+__all__ = [
+    "ClientName",
+    "CommitCallback",
+    "ConsumerClient",
+    "GroupState",
+    "NoCommittedOffset",
+    "OffsetsOutOfRange",
+    "RebalanceListener",
+    "RetriableClientError",
+    "ShardContext",
+]
+
+ClientName = Literal["kafka-python", "confluent"]
+
+#: ``callback(offsets, error)``: a commit finished (``error`` None) or failed.
+CommitCallback = Callable[[dict[int, int], BaseException | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """Where the consumer stands in its group (always stable, generation 0, without a group)."""
+
+    stable: bool
+    generation: int | None  # None while not in a stable generation
+
+
+class NoCommittedOffset(StreamerError):
+    """``poll()``: these partitions have no committed offset; the shard applies its reset policy."""
+
+    retriable = True
+
+    def __init__(self, partitions: Iterable[int]) -> None:
+        self.partitions = sorted(partitions)
+        super().__init__(f"no committed offset for partitions {self.partitions}")
+
+
+class OffsetsOutOfRange(StreamerError):
+    """``poll()``: the position of these partitions (partition -> offset) is not in the log."""
+
+    retriable = True
+
+    def __init__(self, offsets: dict[int, int]) -> None:
+        self.offsets = dict(offsets)
+        super().__init__(f"offsets out of range: {self.offsets}")
+
+
+class RetriableClientError(StreamerError):
+    """``poll()`` failed in a way that waiting can fix (broker down, leader moving)."""
+
+    retriable = True
+
+
+class RebalanceListener(Protocol):
+    """The shard's side of a rebalance. Must not block (it may run on the library's IO thread)."""
+
+    def assigned(self, partitions: list[int]) -> dict[int, int]:
+        """Partitions were assigned; returns {partition: offset} to start them at."""
+        ...
+
+    def revoked(self, partitions: list[int], *, lost: bool) -> None:
+        """Partitions are taken away: revoked (commit allowed) or lost (fenced, evicted)."""
+        ...
+
+
+class ShardContext(Protocol):
+    """What an adapter's upkeep may ask of its shard (``ConsumerClient.upkeep``)."""
+
+    shard_index: int
+
+    def flush_commits(self, timeout_ms: int) -> None:
+        """Send the commit requests waiting, synchronously."""
+        ...
+
+    def report_error(self, kind: str, exc: BaseException) -> None:
+        """Count an error of ``kind`` (a ``streamer_kafka_errors_total`` type)."""
+        ...
+
+
+class ConsumerClient(Protocol):
+    """One Kafka consumer of one topic, as a shard uses it (see the module docstring)."""
+
+    #: Which library: "kafka-python" or "confluent".
+    name: str
+
+    def subscribe(self, listener: RebalanceListener) -> None:
+        """Join the group (group mode); the listener hears every assignment and revocation."""
+        ...
+
+    def assign(self, partitions: list[int]) -> None:
+        """Consume exactly these partitions (static mode, no group membership)."""
+        ...
+
+    def poll(self, timeout_ms: int, serial: int) -> RecordBlock | None:
+        """Records fetched, as one block (``serial`` stamped on it), or None when none came.
+
+        Raises ``NoCommittedOffset``, ``OffsetsOutOfRange``, ``RetriableClientError``, and our
+        ``FencedError`` / ``AuthenticationError``; anything else is a bug or fatal.
+        """
+        ...
+
+    def positions(self) -> dict[int, int]:
+        """The next offset to fetch per assigned partition, where known (no network call)."""
+        ...
+
+    def highwaters(self) -> dict[int, int]:
+        """The high watermark per assigned partition, as last fetched (no network call)."""
+        ...
+
+    def stable_offsets(self) -> dict[int, int] | None:
+        """read_committed: the last stable offset per assigned partition, when a fresh reading
+        is available (None otherwise); may make one bounded network call now and then."""
+        ...
+
+    def committed(self, partitions: list[int], timeout_ms: int) -> dict[int, int]:
+        """The group's committed offsets of these partitions (those that have one)."""
+        ...
+
+    def pause(self, partitions: list[int]) -> None: ...
+
+    def resume(self, partitions: list[int]) -> None: ...
+
+    def paused(self) -> set[int]: ...
+
+    def seek(self, partition: int, offset: int) -> None: ...
+
+    def seek_to(self, partitions: list[int], where: Literal["earliest", "latest"]) -> None: ...
+
+    def commit(
+        self,
+        offsets: dict[int, int],
+        *,
+        callback: CommitCallback | None = None,
+        timeout_ms: int | None = None,
+    ) -> None:
+        """Commit {partition: next offset}: asynchronously with ``callback``, else synchronously
+        (raising on failure)."""
+        ...
+
+    def group_state(self) -> GroupState: ...
+
+    def topic_partitions(self, *, refresh: bool = False) -> frozenset[int] | None:
+        """The topic's partitions in the client's metadata; None while the topic is unknown.
+
+        ``refresh`` asks the broker first (a blocking metadata request): a group leader
+        without the topic's metadata would assign nothing.
+        """
+        ...
+
+    def topic_gone(self) -> bool:
+        """The topic was deleted: the metadata has lacked it across a fresh refresh."""
+        ...
+
+    def before_poll(self) -> None:
+        """Library upkeep before each poll (e.g. awaiting a group join)."""
+        ...
+
+    def upkeep(self, shard: ShardContext) -> None:
+        """Library upkeep after each poll (e.g. repairing a stale group assignment)."""
+        ...
+
+    def repair_rejoin(self) -> None:
+        """The member has not been stable for a while: nudge a join the library left pending."""
+        ...
+
+    def detach(self) -> None:
+        """Stop calling the listener (the shard is discarding this client)."""
+        ...
+
+    def close(self, timeout_ms: int) -> None: ...
