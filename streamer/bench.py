@@ -13,7 +13,6 @@ from typing import IO, Any
 
 import numpy as np
 
-from consumers.clients.kafka_python import consumer_config
 from consumers.settings import ConsumerSettings
 
 __all__ = ["BenchResult", "run_bench"]
@@ -116,13 +115,10 @@ def _fill(
 
 
 def _partitions(bootstrap: str, topic: str) -> list[int]:
-    from kafka import KafkaConsumer
+    from consumers.admin import wait_for_topic
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        return sorted(c.partitions_for_topic(topic) or [])
-    finally:
-        c.close()
+    settings = ConsumerSettings(bootstrap_servers=bootstrap, topic=topic)
+    return wait_for_topic(settings, attempts=2, topic_wait_s=0)
 
 
 def _settings(
@@ -142,56 +138,40 @@ def _settings(
 
 def bench_raw(cs: ConsumerSettings, n: int) -> float:
     """A plain poll loop with the same consumer settings, touching every value."""
-    from kafka import KafkaConsumer, TopicPartition
+    from consumers.clients.kafka_python import read_values
 
-    cfg = consumer_config(cs, 0)
-    cfg.pop("group_instance_id", None)
-    cfg["group_id"] = None
-    c = KafkaConsumer(**cfg)
-    c.assign([TopicPartition(cs.topic, p) for p in cs.partitions or ()])
-    c.seek_to_beginning()
     got = 0
     touched = 0
     t0 = None
-    deadline = time.monotonic() + 600
-    while got < n and time.monotonic() < deadline:
-        for records in c.poll(timeout_ms=200).values():
-            if t0 is None:
-                t0 = time.perf_counter()
-            for r in records:
-                touched += len(r.value)
-            got += len(records)
+    for values in read_values(cs):
+        if t0 is None:
+            t0 = time.perf_counter()
+        touched += sum(map(len, values))
+        got += len(values)
+        if got >= n:
+            break
     t1 = time.perf_counter()
-    c.close(autocommit=False)
     return got / (t1 - (t0 or t1) + 1e-9)
 
 
 def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
     """The textbook pipeline: one record per generator call, one numpy_function per record."""
     import tensorflow as tf
-    from kafka import KafkaConsumer, TopicPartition
 
+    from consumers.clients.kafka_python import read_values
     from streamer.decode import decode_block
     from streamer.simulator import SimulatorTask
 
     schema = SimulatorTask().schema()
-    cfg = consumer_config(cs, 0)
-    cfg.pop("group_instance_id", None)
-    cfg["group_id"] = None
 
     def gen() -> Any:
-        c = KafkaConsumer(**cfg)
-        c.assign([TopicPartition(cs.topic, p) for p in cs.partitions or ()])
-        c.seek_to_beginning()
         sent = 0
-        try:
-            while sent < n:
-                for records in c.poll(timeout_ms=200).values():
-                    for r in records:
-                        yield r.value
-                        sent += 1
-        finally:
-            c.close(autocommit=False)
+        for values in read_values(cs):
+            for value in values:
+                yield value
+                sent += 1
+                if sent >= n:
+                    return
 
     def decode_one(value: bytes) -> tuple[np.ndarray, np.ndarray]:
         d = decode_block(schema, [value])

@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -48,6 +49,7 @@ __all__ = [
     "open_client",
     "probe_consumer",
     "quiet_logs",
+    "read_values",
     "rebalance_if_stale",
 ]
 
@@ -236,6 +238,24 @@ def probe_consumer(
         request_timeout_ms=max(timeout_ms, 5000),
         isolation_level=isolation_level,
     )
+
+
+def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iterator[list[bytes]]:
+    """The values of ``settings.partitions`` from their beginning, one list per poll, in a
+    plain kafka-python loop without a group (the benchmark's reference for the client's cost)."""
+    cfg = consumer_config(settings, 0)
+    cfg.pop("group_instance_id", None)
+    cfg["group_id"] = None
+    consumer = KafkaConsumer(**cfg)
+    try:
+        consumer.assign([TopicPartition(settings.topic, p) for p in settings.partitions or ()])
+        consumer.seek_to_beginning()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                yield [r.value for r in records]
+    finally:
+        consumer.close(autocommit=False)
 
 
 def open_client(settings: ConsumerSettings, shard_index: int) -> KafkaPythonClient:
