@@ -52,9 +52,7 @@ class Recorder(ShardHooks):
             self.commits.append(dict(offsets))
 
 
-def produce(
-    bootstrap: str, topic: str, per_partition: int, partitions: int, pad: int = 0
-) -> None:
+def produce(bootstrap: str, topic: str, per_partition: int, partitions: int, pad: int = 0) -> None:
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
     try:
         for i in range(per_partition):
