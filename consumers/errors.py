@@ -7,6 +7,7 @@ __all__ = [
     "BrokerUnavailableError",
     "ConfigError",
     "FencedError",
+    "GroupProtocolError",
     "OffsetResetError",
     "ShardFailedError",
     "StreamerError",
@@ -112,6 +113,20 @@ class FencedError(StreamerError):
         super().__init__(
             f"fenced: another consumer joined with group_instance_id {group_instance_id!r}; "
             "each worker needs a unique --worker-id"
+        )
+
+
+class GroupProtocolError(StreamerError):
+    """The group's other members use a partition assignment protocol this worker does not."""
+
+    def __init__(self, group_id: str, strategy: str) -> None:
+        self.group_id = group_id
+        super().__init__(
+            f"group {group_id!r} runs another partition assignment protocol than this worker's "
+            f"({strategy}): its other members run with a different "
+            "--partition-assignment-strategy (an earlier streamer version used range). Every "
+            "member of a group must share one: set theirs here until all are upgraded, or stop "
+            "every member and start them again with the same setting"
         )
 
 

@@ -491,8 +491,8 @@ class ProcessShard:
             case Assigned(partitions, serial):
                 self._child_up = True
                 self.last_rebalance_monotonic = time.monotonic()
-                with self._lock:
-                    self._assigned = set(partitions)
+                with self._lock:  # added: all of it (eager), or what moved (cooperative)
+                    self._assigned |= set(partitions)
                 hooks.on_assigned(k, partitions)
                 with self._lock:  # blocks of this assignment wait until the owner knows it
                     self._serial = max(self._serial, serial)

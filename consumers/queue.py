@@ -52,6 +52,12 @@ class BlockQueue:
     def full(self) -> bool:
         return len(self._blocks) >= self.max_blocks
 
+    @property
+    def low(self) -> bool:
+        """At most half full: partitions paused when it was full may resume (hysteresis: a
+        resume costs a fetch round trip, confluent-kafka waits about 1 s before fetching)."""
+        return len(self._blocks) <= self.max_blocks // 2
+
     def put(self, block: RecordBlock) -> None:
         """Append a block (never blocks: the producer side pauses its input when ``full``)."""
         with self.lock:

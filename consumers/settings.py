@@ -11,9 +11,12 @@ from typing import Any, Literal
 from consumers.errors import ConfigError
 
 __all__ = [
+    "AssignmentStrategy",
     "AutoOffsetReset",
     "ConsumerSettings",
+    "GroupProtocol",
     "IsolationLevel",
+    "KafkaClient",
     "SaslMechanism",
     "Secret",
     "SecurityProtocol",
@@ -26,12 +29,18 @@ ShardMode = Literal["group", "static"]
 ShardRuntime = Literal["thread", "process"]
 AutoOffsetReset = Literal["earliest", "latest", "none"]
 IsolationLevel = Literal["read_committed", "read_uncommitted"]
+KafkaClient = Literal["kafka-python", "confluent"]
+AssignmentStrategy = Literal["range", "roundrobin", "cooperative-sticky"]
+GroupProtocol = Literal["classic", "consumer"]
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
 _MODES = ("group", "static")
 _RESETS = ("earliest", "latest", "none")
 _ISOLATION = ("read_committed", "read_uncommitted")
+_CLIENTS = ("kafka-python", "confluent")
+_STRATEGIES = ("range", "roundrobin", "cooperative-sticky")
+_PROTOCOLS_GROUP = ("classic", "consumer")
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _BOOTSTRAP_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
@@ -181,6 +190,13 @@ class ConsumerSettings:
     client_id: str = "streamer"
     bootstrap_timeout_ms: int = 10_000
     shard_runtime: ShardRuntime = "thread"
+    #: Which library consumes: kafka-python (pure Python) or confluent-kafka (librdkafka).
+    client: KafkaClient = "kafka-python"
+    #: Group mode: how partitions move when members come and go; cooperative-sticky revokes
+    #: only the partitions that move (KIP-429).
+    partition_assignment_strategy: AssignmentStrategy = "cooperative-sticky"
+    #: Group mode, confluent only: "consumer" is Kafka 4's broker-side protocol (KIP-848).
+    group_protocol: GroupProtocol = "classic"
     security: SecuritySettings = field(default_factory=SecuritySettings)
 
     def __post_init__(self) -> None:
@@ -209,6 +225,23 @@ class ConsumerSettings:
             raise ConfigError("auto_offset_reset", self.auto_offset_reset, f"one of {_RESETS}")
         if self.isolation_level not in _ISOLATION:
             raise ConfigError("isolation_level", self.isolation_level, f"one of {_ISOLATION}")
+        if self.client not in _CLIENTS:
+            raise ConfigError("kafka_client", self.client, f"one of {_CLIENTS}")
+        if self.partition_assignment_strategy not in _STRATEGIES:
+            raise ConfigError(
+                "partition_assignment_strategy",
+                self.partition_assignment_strategy,
+                f"one of {_STRATEGIES}",
+            )
+        if self.group_protocol not in _PROTOCOLS_GROUP:
+            raise ConfigError("group_protocol", self.group_protocol, f"one of {_PROTOCOLS_GROUP}")
+        if self.group_protocol == "consumer" and self.client != "confluent":
+            raise ConfigError(
+                "group_protocol",
+                self.group_protocol,
+                "the consumer protocol (KIP-848) needs --kafka-client confluent; kafka-python "
+                "3.0 speaks the classic protocol only",
+            )
         positive = (
             "num_shards",
             "max_poll_records",

@@ -292,7 +292,8 @@ class Shard:
                     client.subscribe(_Rebalance(self))
                 else:
                     parts = self.settings.static_partitions(self.shard_index, self.num_shards)
-                    client.assign(parts)
+                    self._client = client  # for _on_assigned; published for good below
+                    client.assign(parts, self._on_assigned(parts))
             except BaseException:
                 client.close(5000)
                 raise
@@ -306,9 +307,6 @@ class Shard:
                 log.warning(
                     "shard %d: topic %r exists again; consuming it", self.shard_index, self._topic
                 )
-            if self.settings.mode != "group":
-                for p, off in self._on_assigned(parts).items():
-                    client.seek(p, off)
             return client
         return None
 
@@ -495,9 +493,10 @@ class Shard:
     def _apply_backpressure(self, client: ConsumerClient) -> None:
         # Reconcile with the client's own pause flags every loop: kafka-python keeps a
         # partition's paused flag (and position) across a rebalance that leaves it with us.
-        full = self._queue.full or not self._joined
+        # Pause when full, resume when half empty (``BlockQueue.low``).
         paused = client.paused()
-        if full:
+        hold = self._queue.full or not self._joined or (bool(paused) and not self._queue.low)
+        if hold:
             with self._lock:
                 todo = sorted(self._assigned_set - paused)
             if todo:
@@ -544,16 +543,18 @@ class Shard:
         self.last_rebalance_monotonic = time.monotonic()
         with self._lock:
             self.serial += 1
-            self._assigned_set = set(partitions)
+            # Added to what is kept: all of it with an eager protocol (everything was revoked
+            # first), only the partitions that moved with a cooperative one.
+            self._assigned_set |= set(partitions)
             self._book.forget(partitions, requests=False)
             for p in partitions:
                 self._first_emitted.pop(p, None)
                 self._covered.pop(p, None)
             if self.settings.mode == "group":
-                self._unseeded = set(partitions)
+                self._unseeded |= set(partitions)
             # A client may keep the position of a partition that stays with this consumer
             # across a rebalance; records dropped at revoke must be fetched again.
-            rewind = {p: o for p, o in self._rewind.items() if p in self._assigned_set}
+            rewind = {p: o for p, o in self._rewind.items() if p in partitions}
             self._rewind.clear()
         log.info(
             "shard %d: assigned partitions %s of %s",

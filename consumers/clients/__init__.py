@@ -13,6 +13,10 @@ def open_client(settings: ConsumerSettings, shard_index: int) -> ConsumerClient:
 
     Raises ``BrokerUnavailableError`` (retried by the shard) or ``AuthenticationError``.
     """
+    if settings.client == "confluent":
+        from consumers.clients.confluent import open_client as open_confluent
+
+        return open_confluent(settings, shard_index)
     from consumers.clients.kafka_python import open_client as open_kafka_python
 
     return open_kafka_python(settings, shard_index)

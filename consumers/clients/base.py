@@ -73,7 +73,8 @@ class RebalanceListener(Protocol):
     """The shard's side of a rebalance. Must not block (it may run on the library's IO thread)."""
 
     def assigned(self, partitions: list[int]) -> dict[int, int]:
-        """Partitions were assigned; returns {partition: offset} to start them at."""
+        """Partitions were added to the assignment (all of it with an eager protocol, those
+        that moved with a cooperative one); returns {partition: offset} to start them at."""
         ...
 
     def revoked(self, partitions: list[int], *, lost: bool) -> None:
@@ -105,8 +106,9 @@ class ConsumerClient(Protocol):
         """Join the group (group mode); the listener hears every assignment and revocation."""
         ...
 
-    def assign(self, partitions: list[int]) -> None:
-        """Consume exactly these partitions (static mode, no group membership)."""
+    def assign(self, partitions: list[int], starts: dict[int, int] | None = None) -> None:
+        """Consume exactly these partitions (static mode, no group membership), each from
+        ``starts[p]`` where given, else from the group's commit."""
         ...
 
     def poll(self, timeout_ms: int, serial: int) -> RecordBlock | None:

@@ -19,6 +19,9 @@ from typing import Any, Literal
 import kafka.errors as kerrors
 from kafka import KafkaConsumer, TopicPartition
 from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
+from kafka.coordinator.assignors.range import RangePartitionAssignor
+from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from kafka.structs import MemberState, OffsetAndMetadata
 
 from consumers.block import RecordBlock
@@ -36,6 +39,7 @@ from consumers.errors import (
     AuthenticationError,
     BrokerUnavailableError,
     FencedError,
+    GroupProtocolError,
     StreamerError,
     TlsHandshakeError,
 )
@@ -66,6 +70,11 @@ _UNAVAILABLE_ERRORS: tuple[type[BaseException], ...] = tuple(
     if hasattr(kerrors, name)
 )
 
+_ASSIGNORS = {
+    "range": RangePartitionAssignor,
+    "roundrobin": RoundRobinPartitionAssignor,
+    "cooperative-sticky": CooperativeStickyAssignor,
+}
 #: How long one call waits for a group (re)join to finish (``internals.await_join``).
 _JOIN_WAIT_MS = 3000
 #: How long the stale-assignment check waits before asking the broker again.
@@ -152,6 +161,7 @@ def consumer_config(settings: ConsumerSettings, shard_index: int) -> dict[str, A
     if settings.mode == "group":
         cfg["group_id"] = settings.group_id
         cfg["group_instance_id"] = settings.group_instance_id(shard_index)
+        cfg["partition_assignment_strategy"] = [_ASSIGNORS[settings.partition_assignment_strategy]]
     else:
         # Static mode still commits to the group (for monitoring and restarts), never joins it.
         cfg["group_id"] = settings.group_id or None
@@ -328,8 +338,10 @@ class KafkaPythonClient:
         self._listener = _Listener(self, listener)
         self.consumer.subscribe(topics=[self.topic], listener=self._listener)
 
-    def assign(self, partitions: list[int]) -> None:
+    def assign(self, partitions: list[int], starts: dict[int, int] | None = None) -> None:
         self.consumer.assign([self._tp(p) for p in partitions])
+        for p, offset in (starts or {}).items():
+            self.seek(p, offset)
 
     def group_state(self) -> GroupState:
         if self.settings.mode != "group":
@@ -369,6 +381,10 @@ class KafkaPythonClient:
             raise OffsetsOutOfRange({tp.partition: int(o) for tp, o in lost.items()}) from exc
         except _FENCED_ERRORS as exc:
             raise FencedError(self.settings.group_instance_id(self.shard_index)) from exc
+        except kerrors.InconsistentGroupProtocolError as exc:
+            raise GroupProtocolError(
+                self.settings.group_id, self.settings.partition_assignment_strategy
+            ) from exc
         except internals.AUTH_ERRORS as exc:
             raise AuthenticationError(self.settings.bootstrap_servers, type(exc).__name__) from exc
         except kerrors.KafkaError as exc:

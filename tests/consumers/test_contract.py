@@ -1,4 +1,5 @@
-"""The shard contract, run over every shard runtime (thread, process) against the real broker.
+"""The shard contract, run over every Kafka client (kafka-python, confluent-kafka) and shard
+runtime (thread, process) against the real broker.
 
 What an owner (``streamer.source``) relies on, whatever runs the consumer: every record once,
 blocks claimed under the revocation lock, commits of what is asked and nothing else (also at
@@ -24,7 +25,12 @@ from tests.workerutil import committed_offsets, end_offsets
 
 pytestmark = pytest.mark.kafka
 
-RUNTIMES = ("thread", "process")
+#: (client, runtime): every Kafka client in every shard runtime.
+KINDS = [
+    pytest.param(client, runtime, id=f"{client}-{runtime}")
+    for client in ("kafka-python", "confluent")
+    for runtime in ("thread", "process")
+]
 
 
 class Recorder(ShardHooks):
@@ -66,6 +72,7 @@ def produce(bootstrap: str, topic: str, per_partition: int, partitions: int, pad
 def settings(
     bootstrap: str,
     topic: str,
+    client: str,
     runtime: str,
     *,
     group: str,
@@ -81,6 +88,7 @@ def settings(
         mode=mode,  # type: ignore[arg-type]
         partitions=partitions if mode == "static" else None,
         shard_runtime=runtime,  # type: ignore[arg-type]
+        client=client,  # type: ignore[arg-type]
         session_timeout_ms=10_000,
         **extra,  # type: ignore[arg-type]
     )
@@ -122,8 +130,9 @@ def started() -> Iterator[Callable[..., ShardLike]]:
         shard.close()
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(("client", "runtime"), KINDS)
 def test_static_shards_deliver_every_record_once_and_commit_what_is_asked(
+    client: str,
     runtime: str,
     kafka_bootstrap: str,
     make_topic: Callable[..., str],
@@ -132,7 +141,7 @@ def test_static_shards_deliver_every_record_once_and_commit_what_is_asked(
 ) -> None:
     topic = make_topic(4)
     produce(kafka_bootstrap, topic, 50, 4)
-    cs = settings(kafka_bootstrap, topic, runtime, group=group_id)
+    cs = settings(kafka_bootstrap, topic, client, runtime, group=group_id)
     shards = [started(cs, k, 2, hooks=Recorder()) for k in range(2)]
     every = {(p, o) for p in range(4) for o in range(50)}
     seen, _ = drain(shards, lambda s: s.keys() >= every)
@@ -146,8 +155,9 @@ def test_static_shards_deliver_every_record_once_and_commit_what_is_asked(
     assert committed_offsets(kafka_bootstrap, group_id, topic) == {0: 20, 1: None, 2: 50, 3: 33}
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(("client", "runtime"), KINDS)
 def test_assigned_partitions_start_where_the_owner_says(
+    client: str,
     runtime: str,
     kafka_bootstrap: str,
     make_topic: Callable[..., str],
@@ -157,15 +167,16 @@ def test_assigned_partitions_start_where_the_owner_says(
     topic = make_topic(4)
     produce(kafka_bootstrap, topic, 30, 4)
     restore = {0: 25, 3: 10}
-    cs = settings(kafka_bootstrap, topic, runtime, group=group_id)
+    cs = settings(kafka_bootstrap, topic, client, runtime, group=group_id)
     shard = started(cs, 0, 1, hooks=Recorder(restore), restore=restore)
     want = {(p, o) for p in range(4) for o in range(restore.get(p, 0), 30)}
     seen, _ = drain([shard], lambda s: s.keys() >= want)
     assert set(seen) == want
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(("client", "runtime"), KINDS)
 def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
+    client: str,
     runtime: str,
     kafka_bootstrap: str,
     make_topic: Callable[..., str],
@@ -176,7 +187,7 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
     # 10 KiB records: a process shard's pipe holds a few blocks before its child's queue fills.
     produce(kafka_bootstrap, topic, 200, 4, pad=10_000)
     cs = settings(
-        kafka_bootstrap, topic, runtime, group=group_id, mode="group", max_poll_records=20
+        kafka_bootstrap, topic, client, runtime, group=group_id, mode="group", max_poll_records=20
     )
     barrier = JoinBarrier(2, settle_s=1.5)
     hooks = [Recorder(), Recorder()]
@@ -191,7 +202,11 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
         return joined and covered and all(h.paused and h.paused[-1] > 0 for h in hooks)
 
     while not settled_and_full():
-        assert time.monotonic() < deadline, "the full queues never paused their partitions"
+        assert time.monotonic() < deadline, (
+            "the full queues never paused their partitions: joining "
+            f"{[s.joining for s in shards]}, assigned {[sorted(s.assigned) for s in shards]}, "
+            f"paused {[h.paused[-5:] for h in hooks]}"
+        )
         time.sleep(0.1)
     assert all(shard.queued_records for shard in shards)
     assert not shards[0].assigned & shards[1].assigned
@@ -200,8 +215,9 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
     assert set(seen) == every and max(seen.values()) == 1
 
 
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize(("client", "runtime"), KINDS)
 def test_commit_points_reach_the_log_end_past_transaction_markers(
+    client: str,
     runtime: str,
     kafka_bootstrap: str,
     make_topic: Callable[..., str],
@@ -218,7 +234,7 @@ def test_commit_points_reach_the_log_end_past_transaction_markers(
     )
     committed = by_kind(read_manifest(manifest))["committed"]
     ends = end_offsets(kafka_bootstrap, topic)
-    cs = settings(kafka_bootstrap, topic, runtime, group=group_id, partitions=(0, 1))
+    cs = settings(kafka_bootstrap, topic, client, runtime, group=group_id, partitions=(0, 1))
     shard = started(cs, 0, 1, hooks=Recorder())
     seen, reach = drain([shard], lambda s: s.keys() >= committed)
     deadline = time.monotonic() + 30
