@@ -8,6 +8,7 @@ check, topic-deletion detection and log quieting. Private attributes are read on
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -352,7 +353,8 @@ class KafkaPythonClient:
 
     def before_poll(self) -> None:
         if self.settings.mode == "group":
-            internals.await_join(self.consumer, _JOIN_WAIT_MS)
+            with self._translated():
+                internals.await_join(self.consumer, _JOIN_WAIT_MS)
 
     def repair_rejoin(self) -> None:
         if internals.repair_unfinished_join(self.consumer):
@@ -370,9 +372,11 @@ class KafkaPythonClient:
 
     # ---- records -----------------------------------------------------------------------------
 
-    def poll(self, timeout_ms: int, serial: int) -> RecordBlock | None:
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        """kafka-python's errors out of a poll or a join, as the interface's and ours."""
         try:
-            polled = self.consumer.poll(timeout_ms=timeout_ms)
+            yield
         except kerrors.NoOffsetForPartitionError as exc:
             tps = exc.args[0] if exc.args else ()
             raise NoCommittedOffset(tp.partition for tp in tps) from exc
@@ -393,6 +397,10 @@ class KafkaPythonClient:
             ):
                 raise
             raise RetriableClientError(f"poll failed ({exc})") from exc
+
+    def poll(self, timeout_ms: int, serial: int) -> RecordBlock | None:
+        with self._translated():
+            polled = self.consumer.poll(timeout_ms=timeout_ms)
         values: list[bytes] = []
         partitions: list[int] = []
         offsets: list[int] = []

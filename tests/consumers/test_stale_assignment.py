@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kafka import KafkaConsumer
 from kafka.admin import NewPartitions
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
 from consumers.group import JoinBarrier
 from consumers.hooks import ShardHooks
@@ -65,6 +66,8 @@ def _leave_stale_assignment(
             enable_auto_commit=False,
             heartbeat_interval_ms=1000,
             session_timeout_ms=settings.session_timeout_ms,
+            # The protocol the shards speak (a group takes one).
+            partition_assignment_strategy=[CooperativeStickyAssignor],
         )
         c.subscribe([settings.topic])
         consumers.append(c)
