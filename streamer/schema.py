@@ -1,4 +1,16 @@
-"""The record schema: each feature's dtype and shape, the label, and the decoder's limits."""
+"""The record schema: each feature's dtype, shape and kind, the label, and the decoder's limits.
+
+Feature kinds, in the vocabulary of ``tf.io``'s feature specs:
+
+- fixed (``FixedLenFeature``): ``shape = [16]`` (``[]`` for a scalar) -> ``[batch, *shape]``;
+- variable-length (``RaggedFeature``): ``shape = [-1]`` or ``[-1, 8]`` -> a ``tf.RaggedTensor``
+  ``[batch, None, ...]``, at most ``max_len`` rows per record;
+- padded (``FixedLenSequenceFeature``): a variable-length one with ``pad_to = N`` -> a dense
+  ``[batch, N, ...]`` (truncated, or padded with ``pad_value``) plus ``<name>_length`` (int32);
+- strings: ``dtype = "string"`` (msgpack str or bin) -> ``tf.string``, of any of the shapes above;
+- optional: ``default = <value>`` (``[]`` for a variable-length one) stands in for a missing
+  field; a feature without a default is required.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +31,10 @@ from consumers.errors import ConfigError
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "LENGTH_SUFFIX",
     "RESERVED_NAMES",
+    "ROW_LENGTHS_SUFFIX",
+    "STRING",
     "Feature",
     "Schema",
 ]
@@ -39,6 +54,14 @@ ALLOWED_DTYPES: tuple[str, ...] = (
     "float32",
     "float64",
 )
+
+#: The dtype name of a string feature (msgpack str or bin; ``tf.string``; numpy ``object``).
+STRING = "string"
+
+#: A padded feature's length column is ``<name>_length`` (int32: the rows kept, at most pad_to).
+LENGTH_SUFFIX = "_length"
+#: A ragged feature's row lengths in the flat serving signature: ``<name>_row_lengths``.
+ROW_LENGTHS_SUFFIX = "_row_lengths"
 
 #: Column names the pipeline adds to every decoded block; no feature may take them.
 RESERVED_NAMES: frozenset[str] = frozenset({"partition", "offset", "timestamp"})
@@ -64,7 +87,8 @@ _DEFAULT_MIN_MAP_LEN = 256
 # The msgpack-numpy envelope is a map of five keys; each record is a map of its features.
 _NUMPY_MAP_LEN = 5
 _LIMIT_KEYS = ("max_record_bytes", "max_depth", "max_array_len", "max_map_len")
-_FEATURE_KEYS = ("dtype", "shape")
+_FEATURE_KEYS = ("dtype", "shape", "max_len", "pad_to", "pad_value", "default")
+_OBJECT = np.dtype(object)
 _TOP_KEYS = ("features", "label", "limits")
 
 
@@ -74,7 +98,11 @@ def _is_int(value: object) -> bool:
 
 
 def _dtype_of(setting: str, value: DTypeLike) -> np.dtype[Any]:
-    allowed = f"one of {', '.join(ALLOWED_DTYPES)}"
+    allowed = f"one of {', '.join(ALLOWED_DTYPES)}, {STRING}"
+    if isinstance(value, str) and value == STRING:
+        return _OBJECT
+    if isinstance(value, np.dtype) and value == _OBJECT:
+        return _OBJECT
     if isinstance(value, str):
         if value not in ALLOWED_DTYPES:
             raise ConfigError(setting, value, allowed)
@@ -89,29 +117,124 @@ def _dtype_of(setting: str, value: DTypeLike) -> np.dtype[Any]:
 
 
 def _shape_of(setting: str, value: object) -> tuple[int, ...]:
-    rule = f"a list of at most {_MAX_NDIM} integers in 1..{_MAX_DIM} ([] for a scalar)"
+    rule = (
+        f"a list of at most {_MAX_NDIM} integers in 1..{_MAX_DIM} ([] for a scalar); the "
+        "first may be -1 (variable length: [-1] or [-1, 8])"
+    )
     if not isinstance(value, list | tuple) or len(value) > _MAX_NDIM:
         raise ConfigError(setting, value, rule)
     for i, dim in enumerate(value):
-        if not _is_int(dim) or not 0 < dim <= _MAX_DIM:
+        if not _is_int(dim) or not (0 < dim <= _MAX_DIM or (i == 0 and dim == -1)):
             raise ConfigError(f"{setting}[{i}]", dim, rule)
     return tuple(int(d) for d in value)
 
 
-@dataclass(frozen=True, slots=True, init=False)
+def _scalar_of(setting: str, dtype: np.dtype[Any], value: object) -> Any:
+    """``value`` as a Python scalar of the feature's kind, by the decoder's dtype rules."""
+    kind = dtype.kind
+    if kind == "O":
+        if isinstance(value, str):
+            return value
+        raise ConfigError(setting, value, "a string")
+    if kind == "b":
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(setting, value, "true or false (a bool feature)")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(setting, value, f"a number ({dtype.name})")
+    if kind in "iu":
+        info = np.iinfo(dtype)
+        if not isinstance(value, int) or not info.min <= value <= info.max:
+            raise ConfigError(setting, value, f"an integer in {info.min}..{info.max}")
+        return int(value)
+    fmax = float(np.finfo(dtype).max)
+    if math.isfinite(value) and abs(value) > fmax:
+        raise ConfigError(setting, value, f"a number within {dtype.name}'s range")
+    return float(value)
+
+
+def _flat_default(setting: str, feature: Feature, value: object) -> Any:
+    """The normalised default: a scalar, or a flat tuple of the values in row-major order."""
+    shape = feature.shape
+    if not shape:
+        return _scalar_of(setting, feature.dtype, value)
+    inner = shape[1:] if feature.is_variable else shape
+    rule = (
+        f"a list of rows of shape {list(inner)} ([] for none)"
+        if feature.is_variable
+        else f"a value for every element, or one value for all: a list of shape {list(shape)}"
+    )
+    if not feature.is_variable and not isinstance(value, list):
+        one = _scalar_of(setting, feature.dtype, value)
+        return (one,) * feature.size
+    if not isinstance(value, list):
+        raise ConfigError(setting, value, rule)
+    arr_shape: list[int] = []
+    level: list[Any] = [value]
+    while level and all(isinstance(v, list) for v in level):
+        lengths = {len(v) for v in level}
+        if len(lengths) != 1:
+            raise ConfigError(setting, value, rule)
+        arr_shape.append(lengths.pop())
+        level = [x for v in level for x in v]
+    if feature.is_variable:
+        if value == []:
+            return ()
+        ok = tuple(arr_shape[1:]) == inner and arr_shape[0] <= (feature.max_len or _MAX_DIM)
+    else:
+        ok = tuple(arr_shape) == shape
+    if not ok or any(isinstance(v, list) for v in level):
+        raise ConfigError(setting, value, rule)
+    return tuple(_scalar_of(setting, feature.dtype, v) for v in level)
+
+
+def _nested(flat: tuple[Any, ...], shape: tuple[int, ...]) -> Any:
+    """The flat tuple as nested lists of ``shape`` (the first dimension may be -1)."""
+    if not shape:
+        return list(flat)
+    if len(shape) == 1:
+        return list(flat)
+    step = math.prod(shape[1:])
+    return [_nested(flat[i : i + step], shape[1:]) for i in range(0, len(flat), step)]
+
+
+@dataclass(frozen=True, slots=True, init=False, repr=False)
 class Feature:
-    """One named tensor of a record: its dtype and its shape (``()`` for a scalar).
+    """One named field of a record: its dtype, its shape (``()`` for a scalar) and its kind.
 
     >>> f = Feature("x", "float32", (16,))
     >>> f.dtype, f.shape, f.nbytes
     (dtype('float32'), (16,), 64)
+    >>> items = Feature("items", "int64", (-1,), max_len=50, default=[])
+    >>> items.is_ragged, items.inner_shape, items.default
+    (True, (), ())
+
+    ``dtype`` is a numpy dtype (``object`` for ``"string"``). A ``shape`` starting with -1 is
+    variable-length: at most ``max_len`` rows (set by the schema from ``max_array_len`` when
+    not given). ``pad_to`` makes it dense (``pad_value``, default 0 or ""). ``default`` is
+    None for a required feature, else the value a missing field gets: a scalar, or a flat
+    tuple of the values in row-major order.
     """
 
     name: str
     dtype: np.dtype[Any]
     shape: tuple[int, ...]
+    max_len: int | None
+    pad_to: int | None
+    pad_value: Any
+    default: Any
 
-    def __init__(self, name: str, dtype: DTypeLike, shape: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        dtype: DTypeLike,
+        shape: Sequence[int] = (),
+        *,
+        max_len: int | None = None,
+        pad_to: int | None = None,
+        pad_value: Any = None,
+        default: Any = None,
+    ) -> None:
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise ConfigError("features", name, _NAME_RULE)
         setting = f"features.{name}"
@@ -120,26 +243,142 @@ class Feature:
         object.__setattr__(self, "name", name)
         object.__setattr__(self, "dtype", _dtype_of(f"{setting}.dtype", dtype))
         object.__setattr__(self, "shape", _shape_of(f"{setting}.shape", shape))
-        if self.nbytes > _HARD_MAX_BYTES:
+        variable = self.is_variable
+        for key, value in (("max_len", max_len), ("pad_to", pad_to)):
+            if value is None:
+                continue
+            if not variable:
+                raise ConfigError(
+                    f"{setting}.{key}",
+                    value,
+                    f"{key} applies to a variable-length feature only (shape [-1, ...])",
+                )
+            if not _is_int(value) or not 0 < value <= _MAX_DIM:
+                raise ConfigError(f"{setting}.{key}", value, f"an integer in 1..{_MAX_DIM}")
+        if max_len is not None and pad_to is not None and pad_to > max_len:
+            raise ConfigError(f"{setting}.pad_to", pad_to, f"at most max_len ({max_len})")
+        object.__setattr__(self, "max_len", max_len)
+        object.__setattr__(self, "pad_to", pad_to)
+        if pad_value is not None and pad_to is None:
             raise ConfigError(
-                f"{setting}.shape",
-                list(self.shape),
-                f"at most {_HARD_MAX_BYTES} bytes per feature ({self.nbytes} with {self.dtype})",
+                f"{setting}.pad_value", pad_value, "pad_value applies with pad_to only"
             )
+        if pad_to is not None:
+            fill = pad_value if pad_value is not None else ("" if self.is_string else 0)
+            if self.dtype.kind == "b" and pad_value is None:
+                fill = False
+            pad_value = _scalar_of(f"{setting}.pad_value", self.dtype, fill)
+        object.__setattr__(self, "pad_value", pad_value)
+        object.__setattr__(self, "default", None)
+        if default is not None:
+            default = _flat_default(f"{setting}.default", self, default)
+        object.__setattr__(self, "default", default)
+        for key, nbytes in (("shape", self.nbytes), ("pad_to", self.padded_nbytes)):
+            if nbytes > _HARD_MAX_BYTES:
+                if key == "shape" and variable:
+                    key = "max_len"
+                value: Any = list(self.shape) if key == "shape" else getattr(self, key)
+                raise ConfigError(
+                    f"{setting}.{key}",
+                    value,
+                    f"at most {_HARD_MAX_BYTES} bytes per feature ({nbytes} with {self.dtype})",
+                )
+
+    def __repr__(self) -> str:
+        dtype = STRING if self.is_string else self.dtype.name
+        extra = "".join(
+            f", {key}={getattr(self, key)!r}"
+            for key in ("max_len", "pad_to", "pad_value", "default")
+            if getattr(self, key) is not None
+        )
+        return f"Feature(name={self.name!r}, dtype={dtype!r}, shape={self.shape}{extra})"
+
+    # -- kinds ------------------------------------------------------------------------------
+
+    @property
+    def is_string(self) -> bool:
+        """``dtype = "string"``: bytes (msgpack str or bin) to ``tf.string``."""
+        return self.dtype == _OBJECT
+
+    @property
+    def is_variable(self) -> bool:
+        """A variable number of rows per record (shape ``[-1, ...]``): ragged or padded."""
+        return bool(self.shape) and self.shape[0] == -1
+
+    @property
+    def is_ragged(self) -> bool:
+        """Variable-length and handed to the model as a ``tf.RaggedTensor``."""
+        return self.is_variable and self.pad_to is None
+
+    @property
+    def is_padded(self) -> bool:
+        """Variable-length and handed to the model dense (``pad_to`` rows) plus a length."""
+        return self.pad_to is not None
+
+    @property
+    def is_dense_numeric(self) -> bool:
+        """A number or fixed-shape array of numbers: what the built-in model takes."""
+        return not self.is_string and not self.is_variable
+
+    @property
+    def required(self) -> bool:
+        """A record without this field is rejected (``schema``); else it gets ``default``."""
+        return self.default is None
+
+    @property
+    def inner_shape(self) -> tuple[int, ...]:
+        """The shape of one row of a variable-length feature (of the value of a fixed one)."""
+        return self.shape[1:] if self.is_variable else self.shape
+
+    @property
+    def inner_size(self) -> int:
+        """Elements of one row (``inner_shape``'s product; 1 for a list of scalars)."""
+        return math.prod(self.inner_shape)
 
     @property
     def size(self) -> int:
-        """Number of elements: the product of the shape (1 for a scalar)."""
+        """Elements of a fixed feature (1 for a scalar); at most this many if variable."""
+        if self.is_variable:
+            return (self.max_len or 0) * self.inner_size
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
-        """Size of the raw little-endian encoding in bytes."""
-        return self.size * self.dtype.itemsize
+        """Size of the raw little-endian encoding in bytes (0 for strings; the most if variable)."""
+        return 0 if self.is_string else self.size * self.dtype.itemsize
+
+    @property
+    def padded_nbytes(self) -> int:
+        """Bytes of one record's dense ``pad_to`` rows (0 unless padded numbers)."""
+        if self.pad_to is None or self.is_string:
+            return 0
+        return self.pad_to * self.inner_size * self.dtype.itemsize
+
+    def with_max_len(self, max_len: int) -> Feature:
+        """This feature with ``max_len`` set (the schema fills in its default)."""
+        return Feature(
+            self.name,
+            self.dtype,
+            self.shape,
+            max_len=max_len,
+            pad_to=self.pad_to,
+            pad_value=self.pad_value,
+            default=self.to_dict().get("default"),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The ``[features.<name>]`` table of this feature."""
-        return {"dtype": self.dtype.name, "shape": list(self.shape)}
+        out: dict[str, Any] = {
+            "dtype": STRING if self.is_string else self.dtype.name,
+            "shape": list(self.shape),
+        }
+        for key in ("max_len", "pad_to", "pad_value"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.default is not None:
+            flat = self.default
+            out["default"] = flat if not self.shape else _nested(flat, self.shape)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +386,13 @@ class Schema:
     """The features of a record, the label among them, and the decoder's safety limits.
 
     A limit of 0 (the default) is derived from the features: ``max_record_bytes`` is
-    4 x the raw size of all features + 64 KiB (at most 64 MiB unless the features need
-    more), ``max_depth`` 8, ``max_array_len`` 1024 or the largest dimension, ``max_map_len``
-    256 or twice the feature count + 16. Depth counts the record's map as 1, so a feature
-    of shape ``(a, b)`` sent as nested lists needs depth 3, as does any msgpack-numpy array.
+    4 x the raw size of all features (variable-length ones at ``max_len`` rows) + 64 KiB (at
+    most 64 MiB unless the fixed-shape features need more), ``max_depth`` 8,
+    ``max_array_len`` 1024 or the largest dimension, ``max_len`` or ``pad_to``,
+    ``max_map_len`` 256 or twice the feature count + 16. A variable-length feature without
+    ``max_len`` takes ``max_array_len``: a longer list is a ``shape`` reject, never an
+    allocation. Depth counts the record's map as 1, so a feature of shape ``(a, b)`` sent as
+    nested lists needs depth 3, as does any msgpack-numpy array.
 
     >>> s = Schema.from_toml_text('''
     ... label = "y"
@@ -180,26 +422,69 @@ class Schema:
         for name in names:
             if names.count(name) > 1:
                 raise ConfigError(f"features.{name}", name, "feature names must be unique")
-        if self.label is not None and self.label not in names:
-            raise ConfigError("label", self.label, f"the name of a feature, one of {names}")
+        for f in features:
+            derived = f.name + (LENGTH_SUFFIX if f.is_padded else ROW_LENGTHS_SUFFIX)
+            if f.is_variable and (derived in names or derived in RESERVED_NAMES):
+                raise ConfigError(
+                    f"features.{derived}",
+                    derived,
+                    f"a name of its own: the {'length column' if f.is_padded else 'row lengths'}"
+                    f" of variable-length feature {f.name!r} is called {derived!r}",
+                )
+        if self.label is not None:
+            if self.label not in names:
+                raise ConfigError("label", self.label, f"the name of a feature, one of {names}")
+            if not self.feature(self.label).is_dense_numeric:
+                raise ConfigError(
+                    "label", self.label, "a numeric feature of fixed shape (not string or [-1])"
+                )
         self._set_limits()
 
     def _set_limits(self) -> None:
-        raw = sum(f.nbytes for f in self.features)
-        min_bytes = max(1, raw)
+        fixed_raw = sum(f.nbytes for f in self.features if not f.is_variable)
+        lens = [f.max_len for f in self.features if f.max_len is not None]
+        lens += [f.pad_to for f in self.features if f.pad_to is not None]
+        max_dim = max((d for f in self.features for d in f.shape), default=1)
+        array_len = self.max_array_len
+        if not _is_int(array_len):
+            raise ConfigError("limits.max_array_len", array_len, "an integer")
+        if array_len == 0:
+            array_len = max(_DEFAULT_MIN_ARRAY_LEN, max_dim, *lens)
+        elif not 1 <= array_len <= 2**32 - 1:
+            raise ConfigError(
+                "limits.max_array_len", array_len, f"1..{2**32 - 1} elements of one msgpack array"
+            )
+        else:
+            for f in self.features:
+                for key in ("max_len", "pad_to"):
+                    value = getattr(f, key)
+                    if value is not None and value > array_len:
+                        raise ConfigError(
+                            "limits.max_array_len",
+                            array_len,
+                            f"at least every feature's max_len and pad_to "
+                            f"(features.{f.name}.{key} = {value})",
+                        )
+        # Variable-length features without max_len take max_array_len: every list is bounded.
+        features = tuple(
+            f.with_max_len(array_len) if f.is_variable and f.max_len is None else f
+            for f in self.features
+        )
+        object.__setattr__(self, "features", features)
+        raw = sum(f.nbytes for f in features)
+        min_bytes = max(1, fixed_raw)
         default_bytes = max(
-            min(4 * raw + _DEFAULT_SLACK, _DEFAULT_RECORD_CAP), raw + _DEFAULT_SLACK
+            min(4 * raw + _DEFAULT_SLACK, _DEFAULT_RECORD_CAP), fixed_raw + _DEFAULT_SLACK
         )
         max_ndim = max(len(f.shape) for f in self.features)
         min_depth = max(3, 1 + max_ndim)
-        max_dim = max((d for f in self.features for d in f.shape), default=1)
         min_map = max(len(self.features), _NUMPY_MAP_LEN)
         limits = {
             "max_record_bytes": (
                 default_bytes,
                 min_bytes,
                 _HARD_MAX_BYTES,
-                "bytes of one record: at least the raw size of all features",
+                "bytes of one record: at least the raw size of all fixed-shape features",
             ),
             "max_depth": (
                 max(_DEFAULT_MAX_DEPTH, min_depth),
@@ -209,7 +494,7 @@ class Schema:
                 "(msgpack-numpy arrays) and 1 + the most dimensions of a feature",
             ),
             "max_array_len": (
-                max(_DEFAULT_MIN_ARRAY_LEN, max_dim),
+                array_len,
                 1,
                 2**32 - 1,
                 "elements of one msgpack array",
@@ -249,6 +534,25 @@ class Schema:
                 return f
         raise KeyError(name)
 
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """The columns a model may take: every feature but the label, and the
+        ``<name>_length`` column of each padded one."""
+        out: list[str] = []
+        for f in self.input_features:
+            out.append(f.name)
+            if f.is_padded:
+                out.append(f.name + LENGTH_SUFFIX)
+        return tuple(out)
+
+    def needs_custom_model(self) -> list[str]:
+        """The input features the built-in model cannot take (strings, variable length)."""
+        return [
+            f"{f.name} ({STRING if f.is_string else f.dtype.name}{list(f.shape)})"
+            for f in self.input_features
+            if not f.is_dense_numeric
+        ]
+
     # -- (de)serialisation -------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,7 +569,7 @@ class Schema:
         """Build a schema from the parsed TOML/JSON document.
 
         >>> Schema.from_dict({"features": {"x": {"dtype": "int64"}}}).features
-        (Feature(name='x', dtype=dtype('int64'), shape=()),)
+        (Feature(name='x', dtype='int64', shape=()),)
         """
         if not isinstance(data, Mapping):
             raise ConfigError(
@@ -283,14 +587,27 @@ class Schema:
                 raise ConfigError("features", name, _NAME_RULE)
             setting = f"features.{name}"
             if not isinstance(table, Mapping):
-                raise ConfigError(setting, table, "a table with 'dtype' and optional 'shape'")
+                raise ConfigError(
+                    setting, table, f"a table with 'dtype' and some of {', '.join(_FEATURE_KEYS)}"
+                )
             _no_unknown_keys(setting, table, _FEATURE_KEYS)
+            allowed = f"one of {', '.join(ALLOWED_DTYPES)}, {STRING}"
             if "dtype" not in table:
-                raise ConfigError(f"{setting}.dtype", None, f"one of {', '.join(ALLOWED_DTYPES)}")
+                raise ConfigError(f"{setting}.dtype", None, allowed)
             dtype = table["dtype"]
             if not isinstance(dtype, str):
-                raise ConfigError(f"{setting}.dtype", dtype, f"one of {', '.join(ALLOWED_DTYPES)}")
-            features.append(Feature(name, dtype, table.get("shape", ())))
+                raise ConfigError(f"{setting}.dtype", dtype, allowed)
+            features.append(
+                Feature(
+                    name,
+                    dtype,
+                    table.get("shape", ()),
+                    max_len=table.get("max_len"),
+                    pad_to=table.get("pad_to"),
+                    pad_value=table.get("pad_value"),
+                    default=table.get("default"),
+                )
+            )
         label = data.get("label")
         if label is not None and not isinstance(label, str):
             raise ConfigError("label", label, "the name of a feature")
