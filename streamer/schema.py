@@ -277,10 +277,10 @@ class Feature:
             if nbytes > _HARD_MAX_BYTES:
                 if key == "shape" and variable:
                     key = "max_len"
-                value: Any = list(self.shape) if key == "shape" else getattr(self, key)
+                bad: Any = list(self.shape) if key == "shape" else getattr(self, key)
                 raise ConfigError(
                     f"{setting}.{key}",
-                    value,
+                    bad,
                     f"at most {_HARD_MAX_BYTES} bytes per feature ({nbytes} with {self.dtype})",
                 )
 
@@ -545,13 +545,28 @@ class Schema:
                 out.append(f.name + LENGTH_SUFFIX)
         return tuple(out)
 
-    def needs_custom_model(self) -> list[str]:
-        """The input features the built-in model cannot take (strings, variable length)."""
-        return [
+    def check_builtin_model(self) -> None:
+        """ConfigError unless the built-in model can take every input feature.
+
+        >>> Schema((Feature("ids", "int64", (-1,)), Feature("y", "float32")), label="y")\
+        ...     .check_builtin_model()                               # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        consumers.errors.ConfigError: invalid setting model=None: the built-in model takes ...
+        """
+        others = [
             f"{f.name} ({STRING if f.is_string else f.dtype.name}{list(f.shape)})"
             for f in self.input_features
             if not f.is_dense_numeric
         ]
+        if others:
+            raise ConfigError(
+                "model",
+                None,
+                "the built-in model takes numeric fixed-shape features only, and "
+                f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not: give a model "
+                "of your own with --model package.module:function (examples/recommender.py in "
+                "the repository takes strings and variable-length lists)",
+            )
 
     # -- (de)serialisation -------------------------------------------------------------------
 

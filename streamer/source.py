@@ -19,7 +19,8 @@ from consumers.shard import JoinBarrier, Shard, ShardHooks
 from streamer.decode import decode_block
 from streamer.gctune import release_free_memory
 from streamer.offsets import OffsetTracker
-from streamer.schema import Schema
+from streamer.ragged import Column, RaggedColumn, concat_rows, num_rows
+from streamer.schema import LENGTH_SUFFIX, Feature, Schema
 from streamer.settings import PipelineSettings
 from streamer.shuffle import ShuffleWindow
 
@@ -298,11 +299,23 @@ class StreamSource:
         return ds.with_options(options)
 
     def dataset(self) -> tf.data.Dataset:
-        """Batches of decoded features plus metadata columns; each iteration is one pass."""
-        specs = self.schema.features
-        tout = [tf.as_dtype(f.dtype) for f in specs] + [tf.int32, tf.int64, tf.int64]
+        """Batches of decoded features plus metadata columns; each iteration is one pass.
 
-        def decode(handle: tf.Tensor) -> dict[str, tf.Tensor]:
+        A fixed feature is a tensor ``[batch, *shape]``; a variable-length one a
+        ``tf.RaggedTensor`` ``[batch, None, *inner]`` rebuilt here from the flat values and
+        row lengths the decode returns (a numpy_function cannot return a ragged tensor), or,
+        with ``pad_to``, a dense ``[batch, pad_to, *inner]`` and its ``<name>_length`` (int32);
+        a string feature is ``tf.string``.
+        """
+        specs = self.schema.features
+        tout: list[tf.DType] = []
+        for f in specs:
+            tout.append(tf.string if f.is_string else tf.as_dtype(f.dtype))
+            if f.is_variable:
+                tout.append(tf.int64)
+        tout += [tf.int32, tf.int64, tf.int64]
+
+        def decode(handle: tf.Tensor) -> dict[str, Any]:
             out = tf.numpy_function(
                 self._decode_np,
                 [handle],
@@ -310,11 +323,21 @@ class StreamSource:
                 stateful=True,
                 name="decode_block",
             )
-            batch: dict[str, tf.Tensor] = {}
-            for f, t in zip(specs, out[: len(specs)], strict=True):
-                t.set_shape([None, *f.shape])
-                batch[f.name] = t
-            for name, t in zip(METADATA_COLUMNS, out[len(specs) :], strict=True):
+            batch: dict[str, Any] = {}
+            at = 0
+            for f in specs:
+                t = out[at]
+                at += 1
+                if not f.is_variable:
+                    t.set_shape([None, *f.shape])
+                    batch[f.name] = t
+                    continue
+                lengths = out[at]
+                at += 1
+                t.set_shape([None, *f.inner_shape])
+                lengths.set_shape([None])
+                _add_variable(batch, f, t, lengths)
+            for name, t in zip(METADATA_COLUMNS, out[at:], strict=True):
                 t.set_shape([None])
                 batch[name] = t
             return batch
@@ -485,6 +508,9 @@ class StreamSource:
     # ---- decode (numpy_function, parallel map) ------------------------------------------------
 
     def _decode_np(self, handle: np.ndarray) -> list[np.ndarray]:
+        return _flat(self._decode_columns(handle))
+
+    def _decode_columns(self, handle: np.ndarray) -> list[Column]:
         h = int(handle)
         with self._lock:
             block = self._stash.pop(h, None)
@@ -501,13 +527,13 @@ class StreamSource:
             drain = self._flush_wanted and self._undecoded == 0
             if drain:
                 self._flush_wanted = False
-        mixed = self._window.push(out) if len(out[0]) else [c[:0] for c in out]
+        mixed = self._window.push(out) if num_rows(out[-1]) else out
         if not drain:
             return mixed
         rest = self._window.flush(like=out)
-        return [np.concatenate((a, b)) for a, b in zip(mixed, rest, strict=True)]
+        return [concat_rows(a, b) for a, b in zip(mixed, rest, strict=True)]
 
-    def _decode_block(self, block: RecordBlock) -> list[np.ndarray]:
+    def _decode_block(self, block: RecordBlock) -> list[Column]:
         values, partition, offset, ts = (
             block.values,
             block.partition,
@@ -645,6 +671,29 @@ class StreamSource:
         self.end_pass()
         if self.dead_letter is not None:
             self.dead_letter.close()
+
+
+def _flat(columns: list[Column]) -> list[np.ndarray]:
+    """The numpy_function's outputs: a ragged column as its values and its row lengths."""
+    out: list[np.ndarray] = []
+    for c in columns:
+        if isinstance(c, RaggedColumn):
+            out += [c.values, c.row_lengths]
+        else:
+            out.append(c)
+    return out
+
+
+def _add_variable(batch: dict[str, Any], f: Feature, values: tf.Tensor, lengths: tf.Tensor) -> None:
+    """A variable-length feature as a RaggedTensor, or dense with its length column."""
+    ragged = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+    if f.pad_to is None:
+        batch[f.name] = ragged
+        return
+    batch[f.name] = ragged.to_tensor(
+        default_value=f.pad_value, shape=[None, f.pad_to, *f.inner_shape]
+    )
+    batch[f.name + LENGTH_SUFFIX] = tf.cast(tf.minimum(lengths, f.pad_to), tf.int32)
 
 
 def build_dataset(
