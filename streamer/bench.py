@@ -9,11 +9,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from consumers.settings import ConsumerSettings
+
+if TYPE_CHECKING:
+    from streamer.schema import Schema
+    from streamer.simulator import Task
 
 __all__ = ["BenchResult", "run_bench"]
 
@@ -29,6 +33,11 @@ MODES = (
     "worker-process",
 )
 SHUFFLE_BUFFER = 10_000  # records in the shuffle window of the pipeline-shuffle mode
+#: The modes that take any schema (``--schema``/``--task``); naive and worker are the
+#: regression task's (one decode per record of its two features; the built-in model).
+SCHEMA_MODES = ("raw", "pipeline", "pipeline-shuffle", "pipeline-process")
+#: Prefix of the baseline's modes: the same modes on the fixed-shape regression records.
+FIXED = "fixed:"
 
 
 @dataclass
@@ -42,6 +51,9 @@ class BenchResult:
     rates: dict[str, list[float]] = field(default_factory=dict)
     input_wait_fraction: dict[str, list[float]] = field(default_factory=dict)
     soak: dict[str, float] | None = None
+    #: With a schema or task: its name, and the fixed-shape baseline topic.
+    task: str | None = None
+    baseline_topic: str | None = None
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -74,17 +86,41 @@ class BenchResult:
             out[key] = statistics.median(waits)
         if "worker-process" in med and "worker" in med:
             out["ratio_worker_process_worker"] = med["worker-process"] / med["worker"]
+        if self.task is not None:
+            out["task"] = self.task
+            out["baseline_topic"] = self.baseline_topic
+            for mode in SCHEMA_MODES:
+                if mode in med and FIXED + mode in med:
+                    out[f"ratio_{mode.replace('-', '_')}_fixed"] = med[mode] / med[FIXED + mode]
         if self.soak is not None:
             out["soak"] = self.soak
         return out
 
 
-def _fill(bootstrap: str, topic: str, records: int, record_bytes: int, partitions: int) -> None:
+def _fill(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    record_bytes: int,
+    partitions: int,
+    task: Task | None = None,
+) -> None:
     from streamer.simulator import produce
 
     produce(
-        bootstrap, topic, records, partitions=partitions, record_bytes=record_bytes, progress=None
+        bootstrap,
+        topic,
+        records,
+        partitions=partitions,
+        record_bytes=record_bytes,
+        progress=None,
+        task=task,
     )
+
+
+def _mean_record_bytes(task: Task) -> int:
+    values = task.records(2000, np.random.default_rng(0))
+    return round(sum(map(len, values)) / len(values))
 
 
 def _partitions(bootstrap: str, topic: str) -> list[int]:
@@ -188,7 +224,11 @@ def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
 
 
 def bench_pipeline(
-    cs: ConsumerSettings, n: int, batch_size: int = 256, shuffle_buffer: int = 0
+    cs: ConsumerSettings,
+    n: int,
+    batch_size: int = 256,
+    shuffle_buffer: int = 0,
+    schema: Schema | None = None,
 ) -> float:
     """Our batched dataset, input only (with a shuffle window of ``shuffle_buffer`` records)."""
     from streamer.settings import PipelineSettings
@@ -196,7 +236,7 @@ def bench_pipeline(
     from streamer.source import StreamSource
 
     source = StreamSource(
-        SimulatorTask().schema(),
+        schema or SimulatorTask().schema(),
         PipelineSettings(
             num_shards=cs.num_shards,
             batch_size=batch_size,
@@ -262,7 +302,14 @@ def _rss_mib() -> float:
     return float("nan")
 
 
-def soak(bootstrap: str, topic: str, shards: int, seconds: float, out: IO[str]) -> dict[str, float]:
+def soak(
+    bootstrap: str,
+    topic: str,
+    shards: int,
+    seconds: float,
+    out: IO[str],
+    schema: Schema | None = None,
+) -> dict[str, float]:
     """Read the topic again and again through the pipeline for ``seconds``: resident memory.
 
     Like the worker: one source and one dataset, iterated once per pass (every pass opens fresh
@@ -278,7 +325,7 @@ def soak(bootstrap: str, topic: str, shards: int, seconds: float, out: IO[str]) 
     parts = _partitions(bootstrap, topic)
     cs = _settings(bootstrap, topic, parts, shards)
     source = StreamSource(
-        SimulatorTask().schema(),
+        schema or SimulatorTask().schema(),
         PipelineSettings(num_shards=shards, batch_size=256, idle_timeout_seconds=2),
         consumer=cs,
     )
@@ -336,37 +383,73 @@ def run_bench(
     modes: tuple[str, ...] = MODES,
     naive_records: int = 20_000,
     soak_seconds: float = 0.0,
+    task: Task | None = None,
+    task_name: str | None = None,
     progress: IO[str] | None = None,
 ) -> BenchResult:
-    """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times."""
+    """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times.
+
+    With ``task`` (random records of a schema, or a simulator task), its records fill the
+    topic (padded to ``record_bytes`` when it is not 0) and a second topic gets regression
+    records of the same mean size (the fixed-shape baseline); every mode (``SCHEMA_MODES``
+    only) runs on both, alternating, as ``mode`` and ``fixed:mode``.
+    """
     out = progress or sys.stderr
     import tensorflow  # noqa: F401  (imported before the GC settings, as in the worker)
 
     from streamer.gctune import tune_gc
 
     tune_gc()  # every mode runs with the worker's GC settings
+    schema = task.schema() if task is not None else None
+    size = record_bytes
+    if task is not None and not record_bytes:
+        size = _mean_record_bytes(task)  # the records as they are: their mean size
     if topic is None:
         topic = f"bench-{record_bytes}b-{uuid.uuid4().hex[:8]}"
         out.write(f"filling {topic} with {records:,} records of ~{record_bytes} B\n")
-        _fill(bootstrap, topic, records, record_bytes, partitions=max(shards, 4))
+        _fill(bootstrap, topic, records, record_bytes, partitions=max(shards, 4), task=task)
     parts = _partitions(bootstrap, topic)
-    result = BenchResult(topic, records, record_bytes, shards)
+    result = BenchResult(topic, records, size, shards, task=task_name)
     runners: dict[str, Callable[[ConsumerSettings], Any]] = {
         "raw": lambda cs: bench_raw(cs, records),
         "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
-        "pipeline": lambda cs: bench_pipeline(cs, records),
-        "pipeline-shuffle": lambda cs: bench_pipeline(cs, records, shuffle_buffer=SHUFFLE_BUFFER),
+        "pipeline": lambda cs: bench_pipeline(cs, records, schema=schema),
+        "pipeline-shuffle": lambda cs: bench_pipeline(
+            cs, records, shuffle_buffer=SHUFFLE_BUFFER, schema=schema
+        ),
         "pipeline-process": lambda cs: bench_pipeline(
-            _settings(bootstrap, topic, parts, shards, runtime="process"), records
+            _settings(bootstrap, topic, parts, shards, runtime="process"), records, schema=schema
         ),
         "worker": lambda cs: bench_worker(cs, records),
         "worker-process": lambda cs: bench_worker(cs, records, runtime="process"),
     }
+    topics = dict.fromkeys(modes, topic)
+    parts_of = {topic: parts}
+    order_of = list(modes)
+    if task is not None:
+        baseline = result.baseline_topic = f"bench-fixed-{size}b-{uuid.uuid4().hex[:8]}"
+        out.write(f"filling {baseline} with {records:,} fixed-shape records of ~{size} B\n")
+        _fill(bootstrap, baseline, records, size, partitions=max(shards, 4))
+        base_parts = parts_of[baseline] = _partitions(bootstrap, baseline)
+        runners[FIXED + "raw"] = runners["raw"]
+        runners[FIXED + "pipeline"] = lambda cs: bench_pipeline(cs, records)
+        runners[FIXED + "pipeline-shuffle"] = lambda cs: bench_pipeline(
+            cs, records, shuffle_buffer=SHUFFLE_BUFFER
+        )
+        runners[FIXED + "pipeline-process"] = lambda cs: bench_pipeline(
+            _settings(bootstrap, baseline, base_parts, shards, runtime="process"), records
+        )
+        for mode in modes:
+            topics[FIXED + mode] = baseline
+        # Each mode right after its baseline: the two see the same state of the machine.
+        order_of = [m for mode in modes for m in (FIXED + mode, mode)]
     for r in range(repeats):
         # Rotate the order every repeat so that drift on a shared machine cancels out.
-        order = list(modes[r % len(modes) :]) + list(modes[: r % len(modes)])
+        step = 2 if task is not None else 1
+        shift = (r * step) % len(order_of)
+        order = order_of[shift:] + order_of[:shift]
         for mode in order:
-            cs = _settings(bootstrap, topic, parts, shards)
+            cs = _settings(bootstrap, topics[mode], parts_of[topics[mode]], shards)
             value = runners[mode](cs)
             if mode.startswith("worker"):
                 rate, wait = value
@@ -377,7 +460,7 @@ def run_bench(
             out.write(f"  repeat {r + 1}/{repeats} {mode:<9} {rate:>12,.0f} records/s\n")
             out.flush()
     if soak_seconds > 0:
-        result.soak = soak(bootstrap, topic, shards, soak_seconds, out)
+        result.soak = soak(bootstrap, topic, shards, soak_seconds, out, schema)
     return result
 
 
@@ -385,6 +468,11 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"topic {summary['topic']}: {summary['records']:,} records of ~{summary['record_bytes']} B, "
         f"{summary['shards']} shards",
+        *(
+            [f"records of {summary['task']}; fixed: regression records of the same mean size"]
+            if "task" in summary
+            else []
+        ),
         f"{'mode':<17} {'median rec/s':>14} {'min':>12} {'max':>12}",
     ]
     for mode, m in summary["modes"].items():
@@ -401,6 +489,7 @@ def format_table(summary: dict[str, Any]) -> str:
         "worker_input_wait_fraction",
         "ratio_worker_process_worker",
         "worker_process_input_wait_fraction",
+        *(f"ratio_{m.replace('-', '_')}_fixed" for m in SCHEMA_MODES),
     ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")
