@@ -318,6 +318,11 @@ def cast(fp: FeaturePlan, arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
 def _not_a_list(fp: FeaturePlan, value: Any) -> Rejected:
     """The reason for a value that is neither a list nor this feature's other encodings."""
     kind = type(value)
+    if kind is dict and fp.string:
+        try:
+            _numpy_header(fp, value)  # a msgpack-numpy array: "dtype", any other map: "schema"
+        except Rejected as rejection:
+            return rejection
     if kind is msgpack.Timestamp:
         return Rejected("format")
     if kind in NUMBER_TYPES or (fp.string and kind in _STRING_TYPES):
@@ -334,7 +339,7 @@ def string_value(fp: FeaturePlan, value: Any) -> Any:
         if kind is list:
             raise Rejected("shape")
         if kind is dict:
-            raise Rejected("schema")
+            raise _not_a_list(fp, value)
         _string_leaf_check({kind})
         raise Rejected("schema")  # unreachable: every other kind was refused above
     if kind is not list:
