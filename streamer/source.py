@@ -16,11 +16,12 @@ from consumers.block import RecordBlock
 from consumers.errors import ConfigError, StreamerError
 from consumers.settings import ConsumerSettings
 from consumers.shard import JoinBarrier, Shard, ShardHooks
+from streamer.columns import METADATA_COLUMNS, flat_outputs, output_types, to_batch
 from streamer.decode import decode_block
 from streamer.gctune import release_free_memory
 from streamer.offsets import OffsetTracker
-from streamer.ragged import Column, RaggedColumn, concat_rows, num_rows
-from streamer.schema import LENGTH_SUFFIX, Feature, Schema
+from streamer.ragged import Column, concat_rows, num_rows
+from streamer.schema import Schema
 from streamer.settings import PipelineSettings
 from streamer.shuffle import ShuffleWindow
 
@@ -42,8 +43,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-METADATA_COLUMNS = ("partition", "offset", "timestamp")
 
 
 class ShardLike(Protocol):
@@ -307,40 +306,14 @@ class StreamSource:
         with ``pad_to``, a dense ``[batch, pad_to, *inner]`` and its ``<name>_length`` (int32);
         a string feature is ``tf.string``.
         """
-        specs = self.schema.features
-        tout: list[tf.DType] = []
-        for f in specs:
-            tout.append(tf.string if f.is_string else tf.as_dtype(f.dtype))
-            if f.is_variable:
-                tout.append(tf.int64)
-        tout += [tf.int32, tf.int64, tf.int64]
+        schema = self.schema
+        tout = output_types(schema)
 
         def decode(handle: tf.Tensor) -> dict[str, Any]:
             out = tf.numpy_function(
-                self._decode_np,
-                [handle],
-                tout,
-                stateful=True,
-                name="decode_block",
+                self._decode_np, [handle], tout, stateful=True, name="decode_block"
             )
-            batch: dict[str, Any] = {}
-            at = 0
-            for f in specs:
-                t = out[at]
-                at += 1
-                if not f.is_variable:
-                    t.set_shape([None, *f.shape])
-                    batch[f.name] = t
-                    continue
-                lengths = out[at]
-                at += 1
-                t.set_shape([None, *f.inner_shape])
-                lengths.set_shape([None])
-                _add_variable(batch, f, t, lengths)
-            for name, t in zip(METADATA_COLUMNS, out[at:], strict=True):
-                t.set_shape([None])
-                batch[name] = t
-            return batch
+            return to_batch(schema, out)
 
         ds = self.blocks().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
         ds = ds.rebatch(self.settings.batch_size, drop_remainder=self.settings.drop_remainder)
@@ -508,7 +481,7 @@ class StreamSource:
     # ---- decode (numpy_function, parallel map) ------------------------------------------------
 
     def _decode_np(self, handle: np.ndarray) -> list[np.ndarray]:
-        return _flat(self._decode_columns(handle))
+        return flat_outputs(self._decode_columns(handle))
 
     def _decode_columns(self, handle: np.ndarray) -> list[Column]:
         h = int(handle)
@@ -671,29 +644,6 @@ class StreamSource:
         self.end_pass()
         if self.dead_letter is not None:
             self.dead_letter.close()
-
-
-def _flat(columns: list[Column]) -> list[np.ndarray]:
-    """The numpy_function's outputs: a ragged column as its values and its row lengths."""
-    out: list[np.ndarray] = []
-    for c in columns:
-        if isinstance(c, RaggedColumn):
-            out += [c.values, c.row_lengths]
-        else:
-            out.append(c)
-    return out
-
-
-def _add_variable(batch: dict[str, Any], f: Feature, values: tf.Tensor, lengths: tf.Tensor) -> None:
-    """A variable-length feature as a RaggedTensor, or dense with its length column."""
-    ragged = tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
-    if f.pad_to is None:
-        batch[f.name] = ragged
-        return
-    batch[f.name] = ragged.to_tensor(
-        default_value=f.pad_value, shape=[None, f.pad_to, *f.inner_shape]
-    )
-    batch[f.name + LENGTH_SUFFIX] = tf.cast(tf.minimum(lengths, f.pad_to), tf.int32)
 
 
 def build_dataset(
