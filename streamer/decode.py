@@ -310,6 +310,24 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
                     mixed[done] = True
                 elif fp.fast_str and (kind is str or kind is bytes):
                     pass
+                elif (
+                    kind is list
+                    and fp.fast_list
+                    and len(item) <= fp.max_len
+                    and fp.leaf_types.issuperset(map(type, item))
+                    and (not item or not fp.list_min or fp.list_lo <= min(item))
+                    and (not item or not fp.list_max or max(item) <= fp.list_hi)
+                ):
+                    item = (item, len(item))  # a list of ids or numbers that surely fit
+                elif fp.variable and kind is list and not checked:
+                    # An accepted list holds exactly rows of scalars: never deeper than the
+                    # schema allows, so the structure check waits for a rejection (a
+                    # whole-record problem wins) or for keys other than the features.
+                    try:
+                        item = _convert(fp, item)
+                    except Rejected:
+                        _check_structure(record, max_depth)
+                        raise
                 else:
                     if not checked:
                         _check_structure(record, max_depth)

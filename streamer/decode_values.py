@@ -100,6 +100,7 @@ class FeaturePlan:
         "dtype",
         "fast_float",
         "fast_int",
+        "fast_list",
         "fast_str",
         "fhi",
         "flo",
@@ -109,6 +110,11 @@ class FeaturePlan:
         "inner_shape",
         "inner_size",
         "kind",
+        "leaf_types",
+        "list_hi",
+        "list_lo",
+        "list_max",
+        "list_min",
         "lo",
         "max_len",
         "name",
@@ -153,6 +159,16 @@ class FeaturePlan:
         self.fast_str = self.string and not self.shape
         self.fhi = math.inf if self.fmax is None else self.fmax
         self.flo = -self.fhi
+        # A variable-length list of numbers (no inner shape): checked inline by the loop.
+        self.fast_list = self.variable and not self.inner_shape and self.kind in "if"
+        self.leaf_types = frozenset({int} if self.kind == "i" else {int, float})
+        self.list_lo: float = self.lo if self.kind == "i" else self.flo
+        self.list_hi: float = self.hi if self.kind == "i" else self.fhi
+        # msgpack's integers span -2**63..2**64-1: an int64 list needs no min(), a uint64 one
+        # no max(), a float64 one neither (each is a pass over the list).
+        bounded_float = self.kind == "f" and self.fmax is not None
+        self.list_min = (self.kind == "i" and self.lo > -(2**63)) or bounded_float
+        self.list_max = (self.kind == "i" and self.hi < 2**64 - 1) or bounded_float
         self.default_item = self._default_item(feature)
 
     def _default_item(self, feature: Feature) -> Any:

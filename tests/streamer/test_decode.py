@@ -962,3 +962,34 @@ def test_valid_new_kind_samples_round_trip_exactly(samples: list[dict[str, Any]]
     assert block.features["s"].tolist() == [s["s"] for s in samples]
     assert _ragged(block, "t") == [s["t"] for s in samples]
     assert _ragged(block, "b") == [s["b"] for s in samples]
+
+
+@pytest.mark.parametrize("dtype", [d for d in ALLOWED_DTYPES if d != "bool"])
+def test_flat_lists_of_every_numeric_dtype_keep_the_dtype_rules(dtype: str) -> None:
+    # Lists of numbers are checked inline (types, then min/max only where msgpack's own
+    # integer range does not already fit the dtype): every edge of every dtype.
+    schema = Schema((Feature("v", dtype, (-1,), max_len=4),))
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        edges = [int(info.min), int(info.max), 0]
+        below, above = int(info.min) - 1, int(info.max) + 1
+        outside = [v for v in (below, above) if -(2**63) <= v <= 2**64 - 1]
+        wrong = [1.0, True]
+    else:
+        fmax = float(np.finfo(dt).max)
+        edges = [-fmax, fmax, 0, 1, float("nan"), float("inf")]
+        outside = [] if dt.itemsize == 8 else [fmax * 4, -fmax * 4]
+        wrong = [True]
+    good = [_pack({"v": edges[:2]}), _pack({"v": []}), _pack({"v": edges[2:][:4]})]
+    bad = [_pack({"v": [0, v]}) for v in outside] + [_pack({"v": [0, v]}) for v in wrong]
+    nan_first = _pack({"v": [float("nan"), *outside]}) if outside and dt.kind == "f" else None
+    if nan_first is not None:
+        bad.append(nan_first)
+    block = decode_block(schema, good + bad)
+    check_invariants(schema, good + bad, block)
+    assert block.kept.tolist() == [0, 1, 2]
+    assert [reason for _, reason in block.rejected] == ["dtype"] * len(bad)
+    got = _ragged(block, "v")
+    np.testing.assert_array_equal(np.array(got[0], dtype=dt), np.array(edges[:2], dtype=dt))
+    np.testing.assert_array_equal(np.array(got[2], dtype=dt), np.array(edges[2:][:4], dtype=dt))
