@@ -809,6 +809,13 @@ BAD_KINDS: dict[str, tuple[bytes, str]] = {
         "shape",
     ),
     "ragged inner shape mismatch": (_pack(_kinds(1, pairs=[[1.0, 2.0], [3.0]])), "shape"),
+    # A whole-record problem wins over the feature's own (checked once the list is refused).
+    "too deep in an id list": (_pack(_kinds(1, ids=_deep_list(KINDS.max_depth))), "too_deep"),
+    "good ids, a too deep extra key": (
+        _pack(_kinds(1, extra=_deep_list(KINDS.max_depth))),
+        "too_deep",
+    ),
+    "good ids, a bytes key": (_pack({**_kinds(1), b"k": 1}), "format"),
     "flat list for rows": (_pack(_kinds(1, pairs=[1.0, 2.0])), "shape"),
     "nested list for a list of ids": (_pack(_kinds(1, ids=[[1], [2]])), "shape"),
     "number for a list": (_pack(_kinds(1, ids=3)), "shape"),
