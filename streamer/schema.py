@@ -228,8 +228,8 @@ class Schema:
     def check_builtin_model(self) -> None:
         """ConfigError unless the built-in model can take every input feature.
 
-        >>> Schema((Feature("ids", "int64", (-1,)), Feature("y", "float32")), label="y")\
-        ...     .check_builtin_model()                               # doctest: +ELLIPSIS
+        >>> schema = Schema((Feature("ids", "int64", (-1,)), Feature("y", "float32")), label="y")
+        >>> schema.check_builtin_model()                    # doctest: +ELLIPSIS
         Traceback (most recent call last):
         consumers.errors.ConfigError: invalid setting model=None: the built-in model takes ...
         """
