@@ -1,15 +1,17 @@
-"""Records as producers write them, against the real broker: ragged, padded, string, optional.
+"""Records as producers write them: ragged, padded, string and optional features end to end.
 
-Every record here is written by plain ``msgpack.packb`` in the test (never through our
-simulator or encoder): lists of ids of any length, str and bin strings, fields left out,
-fields the schema does not know. The first test reads them through the real StreamSource
-(with a shuffle window) and checks every value of every record; the second trains the
-example recommender model on them in a real worker process, evaluates, exports, and calls
-the exported SavedModel with the same inputs.
+Against the real broker, every record is written by plain ``msgpack.packb`` in the test (never
+through our simulator or encoder): lists of ids of any length, str and bin strings, fields
+left out, fields the schema does not know. The first test reads them through the real
+StreamSource (with a shuffle window) and checks every value of every record; the second
+trains the example recommender model on them in a real worker process, evaluates, exports,
+and calls the exported SavedModel with the same inputs. The last ones run the embedded
+simulator's recommender task, and random records of a schema file, in-process.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import re
 import uuid
@@ -24,9 +26,11 @@ import tensorflow as tf
 from kafka import KafkaProducer
 
 from consumers.settings import ConsumerSettings
+from streamer.config import load_config
 from streamer.schema import Schema
 from streamer.settings import PipelineSettings
 from streamer.source import StreamSource
+from streamer.worker import Worker
 from tests.workerutil import (
     WorkerProcess,
     all_records,
@@ -34,8 +38,6 @@ from tests.workerutil import (
     read_audit,
     worker_args,
 )
-
-pytestmark = pytest.mark.kafka
 
 KINDS_TOML = """
 label = "y"
@@ -105,6 +107,7 @@ def _produce(bootstrap: str, topic: str, values: list[bytes], partitions: int) -
         producer.close(timeout=30)
 
 
+@pytest.mark.kafka
 def test_every_feature_kind_arrives_through_the_real_source_with_a_shuffle_window(
     kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str
 ) -> None:
@@ -225,6 +228,7 @@ def _inputs(samples: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.kafka
 @pytest.mark.timeout(300)
 def test_recommender_trains_end_to_end_and_its_export_serves_the_same_inputs(
     kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
@@ -283,3 +287,32 @@ def test_recommender_trains_end_to_end_and_its_export_serves_the_same_inputs(
     labels = np.array([s["y"] for s in fresh])
     mse = float(np.mean((pred - labels) ** 2))
     assert mse < 0.7 * float(np.var(labels)), (mse, float(np.var(labels)))
+
+
+# ---- the embedded simulator -------------------------------------------------------------------
+
+
+def _run_in_process(**options: Any) -> Worker:
+    cfg = load_config({"metrics_port": 0, "shards": 2, "batch_size": 64, **options}, env={})
+    worker = Worker(cfg, status_out=io.StringIO())
+    assert worker.run() == 0
+    return worker
+
+
+@pytest.mark.timeout(180)
+def test_embedded_recommender_task_trains_and_a_schema_of_ones_own_gets_random_records(
+    tmp_path: Path,
+) -> None:
+    worker = _run_in_process(
+        sim_task="recommender", model="examples.recommender:build", max_steps=30
+    )
+    assert worker.step == 30 and math.isfinite(worker.loss)
+    assert worker.metrics is not None
+    assert worker.metrics.snapshot()["decode_errors"] == 0
+    # A schema file without --bootstrap: random valid records of it, every kind decoded.
+    schema = tmp_path / "kinds.toml"
+    schema.write_text(KINDS_TOML)
+    worker = _run_in_process(schema=str(schema), model="examples.recommender:build", max_steps=10)
+    assert worker.step == 10 and math.isfinite(worker.loss)
+    assert worker.metrics is not None
+    assert worker.metrics.snapshot()["decode_errors"] == 0
