@@ -63,8 +63,10 @@ def default_model(schema: Schema, learning_rate: float = 1e-3) -> keras.Model:
 def _input_names(model: keras.Model, schema: Schema, where: str) -> tuple[str, ...]:
     """The columns to feed: those a functional model declares (by name), else all inputs.
 
-    A Keras functional model with dict inputs matches them by position after sorting, so it
-    must get exactly the inputs it declares: a schema column it does not use is left out.
+    Keras 3 flattens a dict of inputs before matching it with a functional model's inputs,
+    so one key more than the model declares shifts the others (a shape error at the first
+    step): such a model gets exactly its inputs, and a schema column it does not use is
+    left out.
     """
     columns = schema.input_columns
     try:
