@@ -470,8 +470,9 @@ def assemble_variable(fp: FeaturePlan, column: list[tuple[Any, int]]) -> RaggedC
         values = np.frombuffer(bytearray().join(pieces), dtype=fp.wire)
         if fp.wire != fp.dtype:
             values = values.astype(fp.dtype)
-    elif kinds == {list}:
-        values = np.array(list(chain.from_iterable(pieces)), dtype=fp.dtype)
+    elif kinds == {list}:  # leaves already checked: one pass, no intermediate list
+        count = int(lengths.sum()) * fp.inner_size
+        values = np.fromiter(chain.from_iterable(pieces), dtype=fp.dtype, count=count)
     else:
         values = np.concatenate([_piece_array(fp, p) for p in pieces])
     return RaggedColumn(values.reshape(shape), lengths)
