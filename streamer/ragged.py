@@ -14,7 +14,15 @@ from typing import Any, NamedTuple, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Column", "RaggedColumn", "concat_rows", "empty_rows", "num_rows", "take_rows"]
+__all__ = [
+    "Column",
+    "RaggedColumn",
+    "concat_rows",
+    "empty_rows",
+    "mask_rows",
+    "num_rows",
+    "take_rows",
+]
 
 
 class RaggedColumn(NamedTuple):
@@ -55,6 +63,15 @@ def take_rows(column: Column, index: npt.NDArray[np.integer[Any]]) -> Column:
     np.cumsum(chosen[:-1], out=out_starts[1:])
     flat = np.arange(total, dtype=np.int64) + np.repeat(starts[index] - out_starts, chosen)
     return RaggedColumn(column.values[flat], chosen)
+
+
+def mask_rows(column: Column, mask: npt.NDArray[np.bool_]) -> Column:
+    """The records where ``mask`` is True, in order (cheaper than ``take_rows`` for many)."""
+    if not isinstance(column, RaggedColumn):
+        return column[mask]
+    return RaggedColumn(
+        column.values[np.repeat(mask, column.row_lengths)], column.row_lengths[mask]
+    )
 
 
 def concat_rows(first: Column, second: Column) -> Column:

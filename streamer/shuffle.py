@@ -6,7 +6,7 @@ import threading
 
 import numpy as np
 
-from streamer.ragged import Column, concat_rows, empty_rows, num_rows, take_rows
+from streamer.ragged import Column, concat_rows, empty_rows, mask_rows, num_rows, take_rows
 
 __all__ = ["ShuffleWindow"]
 
@@ -45,9 +45,13 @@ class ShuffleWindow:
             if emit <= 0:
                 self._pool = pool
                 return [empty_rows(c) for c in pool]
-            order = self._rng.permutation(n)
-            out_idx, keep_idx = order[:emit], order[emit:]
-            self._pool = [take_rows(c, keep_idx) for c in pool]
+            # A random subset in random order goes out; the rest stays in place (its order
+            # does not matter: every later pick is uniform again), kept by a boolean mask,
+            # which for ragged columns is much cheaper than gathering by index.
+            out_idx = self._rng.permutation(n)[:emit]
+            keep = np.ones(n, dtype=bool)
+            keep[out_idx] = False
+            self._pool = [mask_rows(c, keep) for c in pool]
             return [take_rows(c, out_idx) for c in pool]
 
     def flush(self, like: list[Column] | None = None) -> list[Column]:
