@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consumers.settings import ConsumerSettings
-from streamer.ragged import RaggedColumn, concat_rows, num_rows, take_rows
+from streamer.ragged import RaggedColumn, concat_rows, mask_rows, num_rows, take_rows
 from streamer.settings import PipelineSettings
 from streamer.shuffle import ShuffleWindow
 from streamer.simulator import SimulatorTask, produce
@@ -61,6 +61,10 @@ def test_ragged_rows_are_taken_and_joined_whole(sizes: list[int], seed: int) -> 
     taken = take_rows(col, pick)
     assert isinstance(taken, RaggedColumn)
     assert _rows(taken) == [_rows(col)[i] for i in pick.tolist()]
+    mask = rng.random(len(ids)) < 0.5
+    kept = mask_rows(col, mask)
+    assert isinstance(kept, RaggedColumn)
+    assert _rows(kept) == [row for row, m in zip(_rows(col), mask.tolist(), strict=True) if m]
     joined = concat_rows(taken, col)
     assert num_rows(joined) == len(pick) + len(ids)
     assert _rows(joined) == _rows(taken) + _rows(col)
