@@ -550,3 +550,17 @@ def test_new_kinds_errors_name_setting_value_and_rule(
     assert error.value == value and type(error.value) is type(value)
     assert allowed in error.allowed, error.allowed
     assert setting in str(error)
+
+
+def test_every_toml_schema_in_the_readme_parses() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
+    assert len(blocks) >= 3
+    for text in blocks:
+        schema = Schema.from_toml_text(text)
+        assert schema.label is not None
+    kinds = Schema.from_toml_text(max(blocks, key=len))
+    assert {f.name for f in kinds.features if f.is_ragged} == {"items", "tags", "recent"}
+    assert kinds.feature("clicks").is_padded and kinds.feature("country").default == "unknown"
