@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import sys
@@ -9,11 +10,15 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
 from consumers.settings import ConsumerSettings
+
+if TYPE_CHECKING:
+    from streamer.schema import Schema
+    from streamer.simulator import Task
 
 __all__ = ["BenchResult", "run_bench"]
 
@@ -29,6 +34,11 @@ MODES = (
     "worker-process",
 )
 SHUFFLE_BUFFER = 10_000  # records in the shuffle window of the pipeline-shuffle mode
+#: The modes that take any schema (``--schema``/``--task``); naive and worker are the
+#: regression task's (one decode per record of its two features; the built-in model).
+SCHEMA_MODES = ("raw", "pipeline", "pipeline-shuffle", "pipeline-process")
+#: Prefix of the baseline's modes: the same modes on the fixed-shape regression records.
+FIXED = "fixed:"
 
 
 @dataclass
@@ -45,6 +55,9 @@ class BenchResult:
     #: The codecs measured, first as the reference; with more than one, each mode's key in
     #: ``rates`` is ``mode:codec``.
     codecs: tuple[str, ...] = ("none",)
+    #: With a schema or task: its name, and the fixed-shape baseline topic.
+    task: str | None = None
+    baseline_topic: str | None = None
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -78,6 +91,17 @@ class BenchResult:
             out[key] = statistics.median(waits)
         if "worker-process" in med and "worker" in med:
             out["ratio_worker_process_worker"] = med["worker-process"] / med["worker"]
+        if self.task is not None:
+            out["task"] = self.task
+            out["baseline_topic"] = self.baseline_topic
+            for mode in SCHEMA_MODES:
+                if mode in med and FIXED + mode in med:
+                    key = f"ratio_{mode.replace('-', '_')}_fixed"
+                    out[key] = med[mode] / med[FIXED + mode]
+                    # Each run right after its baseline run: the median of those pairs' ratios
+                    # cancels the drift of a shared machine better than a ratio of medians.
+                    pairs = zip(self.rates[mode], self.rates[FIXED + mode], strict=False)
+                    out[key + "_paired"] = statistics.median(a / b for a, b in pairs)
         if self.soak is not None:
             out["soak"] = self.soak
         if len(self.codecs) > 1:
@@ -100,6 +124,7 @@ def _fill(
     record_bytes: int,
     partitions: int,
     compression: str = "none",
+    task: Task | None = None,
 ) -> None:
     from streamer.simulator import produce
 
@@ -111,7 +136,13 @@ def _fill(
         record_bytes=record_bytes,
         progress=None,
         compression=compression,
+        task=task,
     )
+
+
+def _mean_record_bytes(task: Task) -> int:
+    values = task.records(2000, np.random.default_rng(0))
+    return round(sum(map(len, values)) / len(values))
 
 
 def _partitions(bootstrap: str, topic: str) -> list[int]:
@@ -196,7 +227,11 @@ def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
 
 
 def bench_pipeline(
-    cs: ConsumerSettings, n: int, batch_size: int = 256, shuffle_buffer: int = 0
+    cs: ConsumerSettings,
+    n: int,
+    batch_size: int = 256,
+    shuffle_buffer: int = 0,
+    schema: Schema | None = None,
 ) -> float:
     """Our batched dataset, input only (with a shuffle window of ``shuffle_buffer`` records)."""
     from streamer.settings import PipelineSettings
@@ -204,7 +239,7 @@ def bench_pipeline(
     from streamer.source import StreamSource
 
     source = StreamSource(
-        SimulatorTask().schema(),
+        schema or SimulatorTask().schema(),
         PipelineSettings(
             num_shards=cs.num_shards,
             batch_size=batch_size,
@@ -270,7 +305,14 @@ def _rss_mib() -> float:
     return float("nan")
 
 
-def soak(bootstrap: str, topic: str, shards: int, seconds: float, out: IO[str]) -> dict[str, float]:
+def soak(
+    bootstrap: str,
+    topic: str,
+    shards: int,
+    seconds: float,
+    out: IO[str],
+    schema: Schema | None = None,
+) -> dict[str, float]:
     """Read the topic again and again through the pipeline for ``seconds``: resident memory.
 
     Like the worker: one source and one dataset, iterated once per pass (every pass opens fresh
@@ -286,7 +328,7 @@ def soak(bootstrap: str, topic: str, shards: int, seconds: float, out: IO[str]) 
     parts = _partitions(bootstrap, topic)
     cs = _settings(bootstrap, topic, parts, shards)
     source = StreamSource(
-        SimulatorTask().schema(),
+        schema or SimulatorTask().schema(),
         PipelineSettings(num_shards=shards, batch_size=256, idle_timeout_seconds=2),
         consumer=cs,
     )
@@ -344,6 +386,8 @@ def run_bench(
     modes: tuple[str, ...] = MODES,
     naive_records: int = 20_000,
     soak_seconds: float = 0.0,
+    task: Task | None = None,
+    task_name: str | None = None,
     progress: IO[str] | None = None,
     codecs: tuple[str, ...] = ("none",),
 ) -> BenchResult:
@@ -351,6 +395,11 @@ def run_bench(
 
     With several ``codecs``, one topic per codec is filled and every mode runs on each (the
     result's keys are ``mode:codec``), so decompression costs are compared in one run.
+
+    With ``task`` (random records of a schema, or a simulator task), its records fill the
+    topic (padded to ``record_bytes`` when it is not 0) and a second topic gets regression
+    records of the same mean size (the fixed-shape baseline); every mode (``SCHEMA_MODES``
+    only) runs on both, alternating, as ``mode`` and ``fixed:mode``. One codec then.
     """
     out = progress or sys.stderr
     import tensorflow  # noqa: F401  (imported before the GC settings, as in the worker)
@@ -358,41 +407,66 @@ def run_bench(
     from streamer.gctune import tune_gc
 
     tune_gc()  # every mode runs with the worker's GC settings
-    topics: dict[str, str] = {}
-    for codec in codecs:
-        if topic is not None:
-            topics[codec] = topic
-            continue
-        name = f"bench-{record_bytes}b-{codec}-{uuid.uuid4().hex[:8]}"
-        out.write(f"filling {name} with {records:,} records of ~{record_bytes} B ({codec})\n")
-        _fill(bootstrap, name, records, record_bytes, max(shards, 4), compression=codec)
-        topics[codec] = name
-    first = topics[codecs[0]]
-    result = BenchResult(first, records, record_bytes, shards, codecs=codecs)
-    parts = {codec: _partitions(bootstrap, t) for codec, t in topics.items()}
+    if task is not None and len(codecs) > 1:
+        raise ValueError("a task or schema is measured with one codec")
+    schema = task.schema() if task is not None else None
+    size = record_bytes
+    if task is not None and not record_bytes:
+        size = _mean_record_bytes(task)  # the records as they are: their mean size
 
-    def settings(codec: str, runtime: str = "thread") -> ConsumerSettings:
-        return _settings(bootstrap, topics[codec], parts[codec], shards, runtime=runtime)
+    def fill(what: str, codec: str, fill_task: Task | None, fill_bytes: int) -> str:
+        name = f"bench-{what}-{fill_bytes}b-{codec}-{uuid.uuid4().hex[:8]}"
+        out.write(f"filling {name} with {records:,} records of ~{fill_bytes} B ({codec})\n")
+        _fill(bootstrap, name, records, fill_bytes, max(shards, 4), codec, fill_task)
+        return name
 
-    runners: dict[str, Callable[[str], Any]] = {
-        "raw": lambda c: bench_raw(settings(c), records),
-        "naive": lambda c: bench_naive(settings(c), min(records, naive_records)),
-        "pipeline": lambda c: bench_pipeline(settings(c), records),
-        "pipeline-shuffle": lambda c: bench_pipeline(
-            settings(c), records, shuffle_buffer=SHUFFLE_BUFFER
-        ),
-        "pipeline-process": lambda c: bench_pipeline(settings(c, "process"), records),
-        "worker": lambda c: bench_worker(settings(c), records),
-        "worker-process": lambda c: bench_worker(settings(c), records, runtime="process"),
-    }
-    runs = [(mode, codec) for codec in codecs for mode in modes]
+    def runner(mode: str, sch: Schema | None) -> Callable[[ConsumerSettings], Any]:
+        def process(cs: ConsumerSettings) -> ConsumerSettings:
+            return dataclasses.replace(cs, shard_runtime="process")
+
+        return {
+            "raw": lambda cs: bench_raw(cs, records),
+            "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
+            "pipeline": lambda cs: bench_pipeline(cs, records, schema=sch),
+            "pipeline-shuffle": lambda cs: bench_pipeline(
+                cs, records, shuffle_buffer=SHUFFLE_BUFFER, schema=sch
+            ),
+            "pipeline-process": lambda cs: bench_pipeline(process(cs), records, schema=sch),
+            "worker": lambda cs: bench_worker(cs, records),
+            "worker-process": lambda cs: bench_worker(cs, records, runtime="process"),
+        }[mode]
+
+    # (key in the result, topic, how to measure it)
+    plan: list[tuple[str, str, Callable[[ConsumerSettings], Any]]] = []
+    paired = task is not None
+    if task is None:
+        for codec in codecs:
+            name = topic or fill("sim", codec, None, record_bytes)
+            for mode in modes:
+                key = mode if len(codecs) == 1 else f"{mode}:{codec}"
+                plan.append((key, name, runner(mode, None)))
+        first = plan[0][1]
+        result = BenchResult(first, records, record_bytes, shards, codecs=codecs)
+    else:
+        first = topic or fill("task", codecs[0], task, record_bytes)
+        baseline = fill("fixed", codecs[0], None, size)
+        result = BenchResult(first, records, size, shards, codecs=codecs, task=task_name)
+        result.baseline_topic = baseline
+        for mode in modes:
+            # Each mode right after its baseline: the two see the same state of the machine.
+            plan.append((FIXED + mode, baseline, runner(mode, None)))
+            plan.append((mode, first, runner(mode, schema)))
+    parts_of = {name: _partitions(bootstrap, name) for _, name, _ in plan}
     for r in range(repeats):
         # Rotate the order every repeat so that drift on a shared machine cancels out.
-        order = runs[r % len(runs) :] + runs[: r % len(runs)]
-        for mode, codec in order:
-            key = mode if len(codecs) == 1 else f"{mode}:{codec}"
-            value = runners[mode](codec)
-            if mode.startswith("worker"):
+        step = 2 if paired else 1
+        shift = (r * step) % len(plan)
+        order = plan[shift:] + plan[:shift]
+        if paired and r % 2:  # and which of a pair goes first
+            order = [m for i in range(0, len(order), 2) for m in (order[i + 1], order[i])]
+        for key, name, run in order:
+            value = run(_settings(bootstrap, name, parts_of[name], shards))
+            if key.removeprefix(FIXED).startswith("worker"):
                 rate, wait = value
                 result.input_wait_fraction.setdefault(key, []).append(wait)
             else:
@@ -401,7 +475,7 @@ def run_bench(
             out.write(f"  repeat {r + 1}/{repeats} {key:<22} {rate:>12,.0f} records/s\n")
             out.flush()
     if soak_seconds > 0:
-        result.soak = soak(bootstrap, first, shards, soak_seconds, out)
+        result.soak = soak(bootstrap, first, shards, soak_seconds, out, schema)
     return result
 
 
@@ -409,6 +483,11 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [
         f"topic {summary['topic']}: {summary['records']:,} records of ~{summary['record_bytes']} B, "
         f"{summary['shards']} shards",
+        *(
+            [f"records of {summary['task']}; fixed: regression records of the same mean size"]
+            if "task" in summary
+            else []
+        ),
         f"{'mode':<22} {'median rec/s':>14} {'min':>12} {'max':>12}",
     ]
     for mode, m in summary["modes"].items():
@@ -425,6 +504,7 @@ def format_table(summary: dict[str, Any]) -> str:
         "worker_input_wait_fraction",
         "ratio_worker_process_worker",
         "worker_process_input_wait_fraction",
+        *(f"ratio_{m.replace('-', '_')}_fixed{p}" for m in SCHEMA_MODES for p in ("", "_paired")),
     ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")

@@ -8,8 +8,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from consumers.errors import ConfigError, StreamerError
+
+if TYPE_CHECKING:
+    from streamer.simulator import Task
 
 __all__ = ["main"]
 
@@ -17,6 +21,7 @@ log = logging.getLogger("streamer")
 
 #: Kafka's compression codecs, all readable by the worker (DESIGN section 3).
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+_ALL_MODES = "raw,naive,pipeline,pipeline-shuffle,pipeline-process,worker,worker-process"
 
 
 class _JsonFormatter(logging.Formatter):
@@ -134,6 +139,19 @@ def _parser() -> argparse.ArgumentParser:
         help="compress the produced batches with this codec [default: none]",
     )
     sim.add_argument(
+        "--task",
+        default="regression",
+        choices=("regression", "recommender"),
+        help="regression: a 16-float vector and its label, which the built-in model learns; "
+        "recommender: a user id string, 0-50 item ids and a 16-float vector with a learnable "
+        "rating (train it with --model examples.recommender:build) [default: regression]",
+    )
+    sim.add_argument(
+        "--schema",
+        default=None,
+        help="produce random valid records of this schema file (TOML or JSON) instead of a task",
+    )
+    sim.add_argument(
         "--log-level",
         default="INFO",
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
@@ -176,7 +194,11 @@ def _parser() -> argparse.ArgumentParser:
         "--records", type=int, default=100_000, help="records in the topic [default: 100000]"
     )
     bench.add_argument(
-        "--record-bytes", type=int, default=1024, help="record size in bytes [default: 1024]"
+        "--record-bytes",
+        type=int,
+        default=None,
+        help="record size in bytes [default: 1024; with --schema or --task: the records as "
+        "they are]",
     )
     bench.add_argument(
         "--shards", type=int, default=4, help="shards of the pipeline and worker [default: 4]"
@@ -187,11 +209,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--modes",
-        default="raw,naive,pipeline,pipeline-shuffle,pipeline-process,worker,worker-process",
+        default=_ALL_MODES,
         help="comma-separated subset of raw, naive, pipeline, pipeline-shuffle (a 10,000-record "
         "shuffle window), pipeline-process (shards in child processes), worker (the default "
         "model, thread shards), worker-process (the same, shards in child processes) "
-        "[default: all seven]",
+        "[default: all seven; with --schema or --task the four that take any schema: raw, "
+        "pipeline, pipeline-shuffle, pipeline-process]",
     )
     bench.add_argument(
         "--naive-records",
@@ -214,6 +237,19 @@ def _parser() -> argparse.ArgumentParser:
         f"{', '.join(CODECS)} [default: none]",
     )
     bench.add_argument(
+        "--schema",
+        default=None,
+        help="fill the topic with random records of this schema file and measure "
+        "raw,pipeline,pipeline-shuffle,pipeline-process on it and, alternating, on fixed-shape "
+        "regression records of the same mean size (the fixed: modes, and ratios to them)",
+    )
+    bench.add_argument(
+        "--task",
+        default=None,
+        choices=("regression", "recommender"),
+        help="like --schema, with the records of a simulator task",
+    )
+    bench.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
     return parser
@@ -221,12 +257,31 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
-    from streamer.bench import MODES, format_table, run_bench
+    from streamer.bench import MODES, SCHEMA_MODES, format_table, run_bench
 
     modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    task: Task | None = None
+    task_name: str | None = None
+    allowed: tuple[str, ...] = MODES
+    if args.schema is not None and args.task is not None:
+        raise ConfigError("task", args.task, "either --schema or --task, not both")
+    if args.schema is not None or args.task is not None:
+        from streamer.schema import Schema
+        from streamer.simulator import RandomRecords, task_named
+
+        if args.schema is not None:
+            task, task_name = RandomRecords(Schema.from_file(args.schema)), args.schema
+        else:
+            task, task_name = task_named(args.task), f"task {args.task}"
+        if args.modes == _ALL_MODES:
+            modes = SCHEMA_MODES
+        allowed = SCHEMA_MODES
     for m in modes:
-        if m not in MODES:
-            raise ConfigError("modes", m, f"one of {', '.join(MODES)}")
+        if m not in allowed:
+            raise ConfigError("modes", m, f"one of {', '.join(allowed)}")
+    record_bytes = args.record_bytes
+    if record_bytes is None:
+        record_bytes = 0 if task is not None else 1024
     for name in ("records", "shards", "repeats", "naive_records"):
         if getattr(args, name) < 1:
             raise ConfigError(name, getattr(args, name), "a positive integer")
@@ -238,10 +293,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError("compression", args.compression, "distinct codecs, comma-separated")
     if args.topic and len(codecs) > 1:
         raise ConfigError("compression", args.compression, "one codec with --topic")
+    if task is not None and len(codecs) > 1:
+        raise ConfigError("compression", args.compression, "one codec with --schema or --task")
     result = run_bench(
         args.bootstrap,
         records=args.records,
-        record_bytes=args.record_bytes,
+        record_bytes=record_bytes,
         shards=args.shards,
         repeats=args.repeats,
         topic=args.topic,
@@ -249,6 +306,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         naive_records=args.naive_records,
         soak_seconds=args.soak_seconds,
         codecs=codecs,
+        task=task,
+        task_name=task_name,
     )
     summary = result.summary()
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
@@ -308,12 +367,18 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
-    from streamer.simulator import produce
+    from streamer.simulator import RandomRecords, produce, task_named
 
     if args.records < 0:
         raise ConfigError("records", args.records, "0 (forever) or a positive count")
     if args.partitions < 1:
         raise ConfigError("partitions", args.partitions, "a positive integer")
+    if args.schema is not None:
+        from streamer.schema import Schema
+
+        task: Task = RandomRecords(Schema.from_file(args.schema))
+    else:
+        task = task_named(args.task)
     total = args.records if args.records > 0 else 2**62
     produce(
         args.bootstrap,
@@ -324,6 +389,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         record_bytes=args.record_bytes,
         seed=args.seed,
         compression=args.compression,
+        task=task,
     )
     return 0
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from consumers.errors import ConfigError
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings, ShardRuntime
+from streamer.schema import Schema
 from streamer.settings import PipelineSettings
 
 __all__ = ["OPTIONS", "Option", "WorkerConfig", "add_run_arguments", "load_config"]
@@ -352,6 +353,16 @@ OPTIONS: tuple[Option, ...] = (
         "embedded simulator: pad records to about this size",
         group="simulator",
     ),
+    Option(
+        "sim_task",
+        _S,
+        "regression",
+        "embedded simulator: the task (regression: the built-in model learns it; recommender: "
+        "a user id string, a list of item ids and a dense vector, for a model of your own such "
+        "as examples.recommender:build); with --schema, random records of that schema instead",
+        choices=("regression", "recommender"),
+        group="simulator",
+    ),
     # operations
     Option(
         "metrics_host",
@@ -472,6 +483,7 @@ class WorkerConfig:
     sim_partitions: int
     sim_rate: float | None
     sim_record_bytes: int
+    sim_task: str
     metrics_host: str
     metrics_port: int
     log_level: str
@@ -553,6 +565,8 @@ class WorkerConfig:
                 self.dead_letter_replication_factor,
                 "a positive integer, with --dead-letter-topic",
             )
+        if self.model is None:
+            self.load_schema().check_builtin_model()
         if self.dead_letter_topic is not None and self.dead_letter_topic == self.topic:
             raise ConfigError(
                 "dead_letter_topic", self.dead_letter_topic, "must differ from --topic"
@@ -602,6 +616,14 @@ class WorkerConfig:
             ssl_keyfile=self.ssl_keyfile,
             ssl_password=self.ssl_password,
         )
+
+    def load_schema(self) -> Schema:
+        """The schema: ``--schema``'s file, else that of the embedded simulator's task."""
+        if self.schema is not None:
+            return Schema.from_file(self.schema)
+        from streamer.simulator import task_named
+
+        return task_named(self.sim_task).schema()
 
     def consumer_settings(self) -> ConsumerSettings:
         assert self.bootstrap is not None

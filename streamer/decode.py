@@ -10,6 +10,14 @@ Accepted encodings of a feature value:
 3. (nested) msgpack arrays of numbers of exactly the feature's shape;
 4. the msgpack-numpy map (keys ``nd``, ``type``, ``kind``, ``shape``, ``data`` as bin or str).
 
+A variable-length feature (shape ``[-1, ...]``) takes the same encodings with any number of
+rows up to its ``max_len`` (bin: a whole number of rows; lists: rows of the inner shape;
+msgpack-numpy: shape ``[rows, *inner]``); more rows is ``shape``, checked before any array is
+built. A string feature takes msgpack ``str`` (UTF-8, validated by msgpack: invalid UTF-8
+anywhere in a record is ``format``) or ``bin`` (bytes as they are), as lists of them when
+shaped; a number there is ``dtype``. A missing field, or nil, takes the feature's default;
+without one it is ``schema``.
+
 Dtype rules, the same for every encoding: a bool feature takes bools only; an integer
 feature takes integers only (never a bool or a float) whose values fit its dtype; a float
 feature takes integers and floats (never a bool), rounded to the nearest value of its dtype,
@@ -32,47 +40,58 @@ strict_map_key ``ValueError``, "invalid timestamp data" and our ext_hook's refus
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import chain
-from typing import Any, Final, Literal, NoReturn
+from typing import Any, Final, NoReturn
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 
-from streamer.schema import ALLOWED_DTYPES, Feature, Schema
-
-__all__ = ["REASONS", "DecodedBlock", "Reason", "decode_block", "encode_record"]
-
-Reason = Literal[
-    "format", "truncated", "extra_data", "too_large", "too_deep", "schema", "dtype", "shape"
-]
-
-#: Every reason a record can be rejected for (the ``reason`` label of the decode metrics).
-REASONS: Final[tuple[Reason, ...]] = (
-    "format",
-    "truncated",
-    "extra_data",
-    "too_large",
-    "too_deep",
-    "schema",
-    "dtype",
-    "shape",
+from streamer.decode_values import (
+    BOOL_BYTES,
+    MISSING,
+    NUMBER_TYPES,
+    REASONS,
+    FeaturePlan,
+    Reason,
+    Rejected,
+    assemble_fixed,
+    assemble_strings,
+    assemble_variable,
+    cast,
+    from_lists,
+    from_numpy_map,
+    scalar,
+    string_value,
+    variable_value,
 )
+from streamer.ragged import Column, RaggedColumn
+from streamer.schema import Schema
+
+__all__ = [
+    "REASONS",
+    "Column",
+    "DecodedBlock",
+    "RaggedColumn",
+    "Reason",
+    "decode_block",
+    "encode_record",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class DecodedBlock:
     """The decoded records of one block.
 
-    ``features[name]`` has shape ``[len(kept), *feature.shape]`` and the feature's dtype;
-    row ``r`` comes from ``values[kept[r]]``. ``rejected`` lists ``(index, reason)`` of the
-    other records, in ascending index order.
+    ``features[name]`` has shape ``[len(kept), *feature.shape]`` and the feature's dtype
+    (``object`` holding str or bytes for a string feature); a variable-length feature's is a
+    ``RaggedColumn``: ``values`` of shape ``[rows, *inner_shape]`` and ``row_lengths``
+    (int64, one per record). Row ``r`` comes from ``values[kept[r]]``. ``rejected`` lists
+    ``(index, reason)`` of the other records, in ascending index order.
     """
 
-    features: dict[str, npt.NDArray[Any]]
+    features: dict[str, Column]
     kept: npt.NDArray[np.int64]
     rejected: list[tuple[int, str]]
 
@@ -90,14 +109,6 @@ class DecodedBlock:
 # -- internals ------------------------------------------------------------------------------
 
 
-class _Rejected(Exception):
-    """Raised by our own checks only, never by a bug: the record is refused for ``reason``."""
-
-    def __init__(self, reason: Reason) -> None:
-        super().__init__(reason)
-        self.reason: Reason = reason
-
-
 class _ExtRejected(Exception):
     """Raised from msgpack's ext_hook: no extension type is ever turned into an object."""
 
@@ -106,83 +117,15 @@ def _reject_ext(code: int, data: bytes) -> NoReturn:
     raise _ExtRejected(code)
 
 
-class _Missing:
-    __slots__ = ()
-
-
-_MISSING: Final = _Missing()
-_BOOL_BYTES: Final = b"\x00\x01"
-_NUMBER_TYPES: Final = frozenset({bool, int, float})
-_LIST_ONLY: Final = {list}
+_NUMBER_TYPES: Final = NUMBER_TYPES
 _STR_ONLY: Final = frozenset({str})
-# msgpack-numpy writes its keys as bin; other producers write str. Accept both.
-_NP_KEYS: Final = {k: (k.encode(), k) for k in ("nd", "type", "kind", "shape", "data")}
-
-
-def _wire_dtypes() -> dict[str, np.dtype[Any]]:
-    """The msgpack-numpy ``type`` strings we accept, either byte order."""
-    out: dict[str, np.dtype[Any]] = {}
-    for name in ALLOWED_DTYPES:
-        little, big = np.dtype(name).newbyteorder("<"), np.dtype(name).newbyteorder(">")
-        out[little.str] = little  # "|i1" for one-byte types, as numpy writes them
-        out["<" + little.str[1:]] = little
-        out[">" + big.str[1:]] = big
-    return out
-
-
-_WIRE_DTYPES: Final = _wire_dtypes()
-
-
-class _FeaturePlan:
-    """What the hot loop needs to know about one feature, precomputed once per schema."""
-
-    __slots__ = (
-        "dtype",
-        "fast_float",
-        "fast_int",
-        "fhi",
-        "flo",
-        "fmax",
-        "hi",
-        "kind",
-        "lo",
-        "name",
-        "nbytes",
-        "raw_fast",
-        "shape",
-        "size",
-        "wire",
-    )
-
-    def __init__(self, feature: Feature) -> None:
-        self.name = feature.name
-        self.dtype = feature.dtype
-        self.wire = feature.dtype.newbyteorder("<")
-        self.shape = feature.shape
-        self.size = feature.size
-        self.nbytes = feature.nbytes
-        # "b" bool, "i" any integer (signed or not, bounded by lo..hi), "f" float.
-        self.kind = {"b": "b", "i": "i", "u": "i", "f": "f"}[feature.dtype.kind]
-        self.raw_fast = self.kind != "b"
-        self.lo = self.hi = 0
-        self.fmax: float | None = None
-        if self.kind == "i":
-            info = np.iinfo(feature.dtype)
-            self.lo, self.hi = int(info.min), int(info.max)
-        elif self.kind == "f" and feature.dtype.itemsize < 8:
-            self.fmax = float(np.finfo(feature.dtype).max)
-        # Hot-loop shortcuts: a scalar feature given a msgpack number that surely fits.
-        self.fast_float = self.kind == "f" and not self.shape
-        self.fast_int = self.kind == "i" and not self.shape
-        self.fhi = math.inf if self.fmax is None else self.fmax
-        self.flo = -self.fhi
 
 
 class _Plan:
     __slots__ = ("features", "max_depth", "max_record_bytes", "unpack")
 
     def __init__(self, schema: Schema) -> None:
-        self.features = tuple(_FeaturePlan(f) for f in schema.features)
+        self.features = tuple(FeaturePlan(f) for f in schema.features)
         self.max_depth = schema.max_depth
         self.max_record_bytes = schema.max_record_bytes
         self.unpack = functools.partial(
@@ -242,10 +185,10 @@ def _too_deep(obj: list[Any] | dict[Any, Any], budget: int) -> bool:
 def _check_structure(record: dict[Any, Any], max_depth: int) -> None:
     """Reject a record whose top-level keys are not all str, or that nests too deep."""
     if not _STR_ONLY.issuperset(map(type, record)):
-        raise _Rejected("format")
+        raise Rejected("format")
     inner = set(map(type, record.values()))
     if (list in inner or dict in inner) and _too_deep(record, max_depth):
-        raise _Rejected("too_deep")
+        raise Rejected("too_deep")
 
 
 def _as_bytes(index: int, value: object) -> bytes:
@@ -258,161 +201,46 @@ def _as_bytes(index: int, value: object) -> bytes:
     raise TypeError(f"decode_block: values[{index}] is {type(value).__name__}, expected bytes")
 
 
-def _convert(fp: _FeaturePlan, value: object) -> Any:
-    """One feature value as raw wire bytes, a Python scalar or an array of the feature's dtype."""
+def _convert(fp: FeaturePlan, value: object) -> Any:
+    """One feature value as raw wire bytes, a Python scalar or an array of the feature's dtype;
+    for strings and variable-length features, the items of ``decode_values``."""
+    if value is MISSING or value is None:
+        if fp.default_item is not None:
+            return fp.default_item
+        raise Rejected("schema")  # missing or nil, and no default
+    if fp.special:
+        if fp.variable:
+            return variable_value(fp, value)
+        return string_value(fp, value)
     kind = type(value)
     if kind is bytes:
         assert isinstance(value, bytes)
         if len(value) != fp.nbytes:
-            raise _Rejected("shape")
-        if fp.kind == "b" and value.translate(None, _BOOL_BYTES):
-            raise _Rejected("dtype")
+            raise Rejected("shape")
+        if fp.kind == "b" and value.translate(None, BOOL_BYTES):
+            raise Rejected("dtype")
         return value
     if kind in _NUMBER_TYPES:
         if fp.shape:
-            raise _Rejected("shape")
-        return _scalar(fp, value)
+            raise Rejected("shape")
+        return scalar(fp, value)
     if kind is list:
         assert isinstance(value, list)
-        return _from_lists(fp, value)
+        return from_lists(fp, value)
     if kind is dict:
         assert isinstance(value, dict)
-        return _from_numpy_map(fp, value)
+        return from_numpy_map(fp, value)
     if kind is msgpack.Timestamp:  # the one ext type msgpack builds itself
-        raise _Rejected("format")
-    raise _Rejected("schema")  # missing, nil, or a str
+        raise Rejected("format")
+    raise Rejected("schema")  # a str
 
 
-def _scalar(fp: _FeaturePlan, value: Any) -> Any:
-    kind = type(value)
-    if fp.kind == "b":
-        if kind is bool:
-            return value
-        raise _Rejected("dtype")
-    if kind is bool:
-        raise _Rejected("dtype")
-    if fp.kind == "i":
-        if kind is int and fp.lo <= value <= fp.hi:
-            return value
-        raise _Rejected("dtype")
-    fmax = fp.fmax
-    if fmax is not None and not -fmax <= value <= fmax and (kind is int or math.isfinite(value)):
-        raise _Rejected("dtype")
-    return value
-
-
-def _leaf_check(fp: _FeaturePlan, types: set[type]) -> None:
-    if not types <= _NUMBER_TYPES:
-        if list in types or dict in types:
-            raise _Rejected("shape")
-        raise _Rejected("format" if msgpack.Timestamp in types else "schema")
-    if fp.kind == "b":
-        ok = types == {bool}
-    elif fp.kind == "i":
-        ok = types == {int}
-    else:
-        ok = bool not in types
-    if not ok:
-        raise _Rejected("dtype")
-
-
-def _from_lists(fp: _FeaturePlan, value: list[Any]) -> npt.NDArray[Any]:
-    shape = fp.shape
-    if not shape or len(value) != shape[0]:
-        raise _Rejected("shape")
-    level: list[Any] = value
-    for dim in shape[1:]:
-        if set(map(type, level)) != _LIST_ONLY or set(map(len, level)) != {dim}:
-            raise _Rejected("shape")
-        level = list(chain.from_iterable(level))
-    _leaf_check(fp, set(map(type, level)))
-    if fp.kind == "i":
-        if min(level) < fp.lo or max(level) > fp.hi:
-            raise _Rejected("dtype")
-        return np.array(level, dtype=fp.dtype).reshape(shape)
-    if fp.kind == "b":
-        return np.array(level, dtype=fp.dtype).reshape(shape)
-    wide = np.array(level, dtype=np.float64)
-    return _cast(fp, wide).reshape(shape)
-
-
-def _np_get(mapping: dict[Any, Any], key: str) -> Any:
-    as_bytes, as_str = _NP_KEYS[key]
-    found = mapping.get(as_bytes, _MISSING)
-    return mapping.get(as_str, _MISSING) if found is _MISSING else found
-
-
-def _from_numpy_map(fp: _FeaturePlan, mapping: dict[Any, Any]) -> Any:
-    nd = _np_get(mapping, "nd")
-    if nd is not True and nd is not False:
-        raise _Rejected("schema")  # not a msgpack-numpy array: a map where numbers belong
-    descr = _np_get(mapping, "type")
-    if type(descr) is bytes:
-        descr = descr.decode("ascii", "replace")
-    if type(descr) is not str:
-        raise _Rejected("dtype" if type(descr) is list else "schema")  # list: structured
-    src = _WIRE_DTYPES.get(descr)
-    kind = _np_get(mapping, "kind")
-    if src is None or kind not in (_MISSING, b"", ""):  # "V" structured, "O" pickled objects
-        raise _Rejected("dtype")
-    data = _np_get(mapping, "data")
-    if type(data) is not bytes:
-        raise _Rejected("schema")
-    if nd:
-        shape = _np_get(mapping, "shape")
-        if type(shape) is not list or not set(map(type, shape)) <= {int}:
-            raise _Rejected("shape")
-        if tuple(shape) != fp.shape:
-            raise _Rejected("shape")
-    elif fp.shape:
-        raise _Rejected("shape")
-    if len(data) != fp.size * src.itemsize:
-        raise _Rejected("shape")
-    if src.kind == "b" and data.translate(None, _BOOL_BYTES):
-        raise _Rejected("dtype")
-    if src == fp.wire:
-        return data
-    return _cast(fp, np.frombuffer(data, dtype=src)).reshape(fp.shape)
-
-
-def _cast(fp: _FeaturePlan, arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """``arr`` in the feature's dtype, or _Rejected("dtype") by the module's dtype rules."""
-    src = arr.dtype.kind
-    target = fp.kind
-    if target == "b":
-        if src != "b":
-            raise _Rejected("dtype")
-        return arr.astype(fp.dtype)
-    if src == "b" or (target == "i" and src == "f"):
-        raise _Rejected("dtype")
-    if np.can_cast(arr.dtype, fp.dtype, "safe"):
-        return arr.astype(fp.dtype)
-    if target == "i":
-        if int(arr.min()) < fp.lo or int(arr.max()) > fp.hi:
-            raise _Rejected("dtype")
-        return arr.astype(fp.dtype)
-    with np.errstate(over="ignore"):
-        out = arr.astype(fp.dtype)
-    if np.isinf(out).any() and (np.isinf(out) & np.isfinite(arr)).any():
-        raise _Rejected("dtype")
-    return out
-
-
-def _assemble(fp: _FeaturePlan, column: list[Any], mixed: bool, n: int) -> npt.NDArray[Any]:
-    if not mixed:  # all raw bytes: one copy into the block's array
-        arr = np.frombuffer(bytearray().join(column), dtype=fp.wire)
-        if fp.wire != fp.dtype:  # big-endian host
-            arr = arr.astype(fp.dtype)
-        return arr.reshape((n, *fp.shape))
-    if not fp.shape and not any(type(item) is bytes for item in column):
-        return np.array(column, dtype=fp.dtype)
-    out = np.empty((n, *fp.shape), dtype=fp.dtype)
-    for row, item in enumerate(column):
-        if type(item) is bytes:
-            out[row] = np.frombuffer(item, dtype=fp.wire).reshape(fp.shape)
-        else:
-            out[row] = item
-    return out
+def _assemble(fp: FeaturePlan, column: list[Any], mixed: bool, n: int) -> Column:
+    if fp.variable:
+        return assemble_variable(fp, column)
+    if fp.string:
+        return assemble_strings(fp, column, n)
+    return assemble_fixed(fp, column, mixed, n)
 
 
 # -- public ---------------------------------------------------------------------------------
@@ -472,7 +300,7 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
         done = 0
         try:
             for fp in features:
-                item = record.get(fp.name, _MISSING)
+                item = record.get(fp.name, MISSING)
                 kind = type(item)
                 if kind is bytes and len(item) == fp.nbytes and fp.raw_fast:
                     pass
@@ -480,6 +308,26 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
                     kind is int and fp.fast_int and fp.lo <= item <= fp.hi
                 ):
                     mixed[done] = True
+                elif fp.fast_str and (kind is str or kind is bytes):
+                    pass
+                elif (
+                    kind is list
+                    and fp.fast_list
+                    and len(item) <= fp.max_len
+                    and fp.leaf_types.issuperset(map(type, item))
+                    and (not item or not fp.list_min or fp.list_lo <= min(item))
+                    and (not item or not fp.list_max or max(item) <= fp.list_hi)
+                ):
+                    item = (item, len(item))  # a list of ids or numbers that surely fit
+                elif fp.variable and kind is list and not checked:
+                    # An accepted list holds exactly rows of scalars: never deeper than the
+                    # schema allows, so the structure check waits for a rejection (a
+                    # whole-record problem wins) or for keys other than the features.
+                    try:
+                        item = _convert(fp, item)
+                    except Rejected:
+                        _check_structure(record, max_depth)
+                        raise
                 else:
                     if not checked:
                         _check_structure(record, max_depth)
@@ -491,7 +339,7 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
                 done += 1
             if not checked and len(record) != n_features:
                 _check_structure(record, max_depth)
-        except _Rejected as rejection:
+        except Rejected as rejection:
             for column in columns[:done]:
                 column.pop()
             reject((index, rejection.reason))
@@ -514,8 +362,11 @@ def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:
     >>> encode_record(s, {"x": np.array([1, 2], np.float32), "y": 3})
     b'\\x82\\xa1x\\xc4\\x08\\x00\\x00\\x80?\\x00\\x00\\x00@\\xa1y\\x03'
 
-    Raises ValueError when ``sample`` lacks a feature, has one the schema does not name, or a
-    value has the wrong shape or cannot be represented in the feature's dtype.
+    A variable-length feature takes an array of shape ``[rows, *inner_shape]`` (raw ``bin``
+    as well); a string feature str or bytes (lists of them when shaped, as msgpack arrays).
+    An optional feature may be left out. Raises ValueError when ``sample`` lacks a required
+    feature, has one the schema does not name, or a value has the wrong shape or cannot be
+    represented in the feature's dtype.
     """
     unknown = sorted(set(sample) - set(schema.feature_names))
     if unknown:
@@ -524,9 +375,15 @@ def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:
     out: dict[str, Any] = {}
     for fp in plans:
         if fp.name not in sample:
+            if fp.default_item is not None:
+                continue
             raise ValueError(f"sample lacks feature {fp.name!r}")
+        if fp.string:
+            out[fp.name] = _encode_strings(fp, sample[fp.name])
+            continue
         arr = np.asarray(sample[fp.name])
-        if arr.shape != fp.shape:
+        rows_ok = fp.variable and arr.ndim == len(fp.shape) and arr.shape[0] <= fp.max_len
+        if not (rows_ok and arr.shape[1:] == fp.inner_shape) and arr.shape != fp.shape:
             raise ValueError(
                 f"feature {fp.name!r} has shape {arr.shape} where {fp.shape} was expected"
             )
@@ -534,8 +391,8 @@ def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:
         if arr.dtype.kind not in "biuf":
             raise ValueError(problem)
         try:
-            arr = _cast(fp, arr)
-        except _Rejected as exc:
+            arr = cast(fp, arr)
+        except Rejected as exc:
             raise ValueError(
                 f"{problem} (bool only for bool, integers in range for integers, "
                 "no finite value beyond a float dtype's range)"
@@ -543,3 +400,17 @@ def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:
         out[fp.name] = arr.item() if not fp.shape else arr.astype(fp.wire, copy=False).tobytes()
     packed: bytes = msgpack.packb(out)
     return packed
+
+
+def _encode_strings(fp: FeaturePlan, value: Any) -> Any:
+    if not fp.shape:
+        if isinstance(value, str | bytes):
+            return value
+        raise ValueError(f"feature {fp.name!r}: {type(value).__name__} where a string belongs")
+    arr = np.asarray(value, dtype=object)
+    rows_ok = fp.variable and arr.ndim == len(fp.shape) and arr.shape[0] <= fp.max_len
+    if not (rows_ok and arr.shape[1:] == fp.inner_shape) and arr.shape != fp.shape:
+        raise ValueError(f"feature {fp.name!r} has shape {arr.shape} where {fp.shape} was expected")
+    if not all(isinstance(v, str | bytes) for v in arr.reshape(-1)):
+        raise ValueError(f"feature {fp.name!r}: every element must be str or bytes")
+    return arr.tolist()

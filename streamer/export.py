@@ -6,6 +6,18 @@ Layout (what TF Serving's file system source polls)::
     <dir>/<version>/variables/...
     <dir>/<version>/assets.extra/streamer.json   topic, step and the offsets trained up to
 
+The serving signature (``serving_default``) takes the model's inputs by name. Keras' own
+export is used when every input is a plain tensor. A ragged input (a variable-length feature
+without ``pad_to``) cannot be a signature input, so then the signature takes it flat, as
+``<name>`` (the values, rows end to end) and ``<name>_row_lengths`` (int64, one per example),
+which is what TF Serving and any other client can send; the SavedModel's ``serve`` function
+takes the same ``tf.RaggedTensor`` the model was trained on::
+
+    loaded = tf.saved_model.load(version_dir)
+    loaded.serve({"user": users, "items": tf.ragged.constant(ids), "x": x})
+    loaded.signatures["serving_default"](
+        user=users, items=flat_ids, items_row_lengths=lengths, x=x)
+
 A version is written under ``<dir>/.tmp-<version>-<random>`` (a name TF Serving ignores: not
 all digits) and then renamed into place, so a reader polling the directory sees a version
 either complete or not at all. Old versions are renamed to ``.del-...`` before they are deleted,
@@ -21,12 +33,15 @@ import os
 import secrets
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import keras
+import tensorflow as tf
 
-__all__ = ["INFO_FILE", "Exporter", "read_info"]
+from streamer.schema import ROW_LENGTHS_SUFFIX
+
+__all__ = ["INFO_FILE", "Exporter", "read_info", "serving_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +56,59 @@ def read_info(version_dir: str) -> dict[str, Any]:
         info: dict[str, Any] = json.load(fh)
     info["offsets"] = {int(p): int(o) for p, o in info.get("offsets", {}).items()}
     return info
+
+
+def serving_inputs(element_spec: Mapping[str, Any], names: Sequence[str]) -> dict[str, tf.TypeSpec]:
+    """The specs of the model's inputs in a batch of the pipeline, any batch size.
+
+    >>> serving_inputs(source.dataset().element_spec, bundle.input_names)  # doctest: +SKIP
+    {'user': TensorSpec(shape=(None,), dtype=tf.string, name='user'), 'items': ...}
+    """
+    out: dict[str, tf.TypeSpec] = {}
+    for name in names:
+        spec = element_spec[name]
+        if isinstance(spec, tf.RaggedTensorSpec):
+            out[name] = tf.RaggedTensorSpec(
+                [None, *spec.shape[1:]], spec.dtype, spec.ragged_rank, spec.row_splits_dtype
+            )
+        else:
+            out[name] = tf.TensorSpec([None, *spec.shape[1:]], spec.dtype, name=name)
+    return out
+
+
+def _export_with_ragged(model: keras.Model, path: str, inputs: Mapping[str, tf.TypeSpec]) -> None:
+    """A SavedModel whose ``serving_default`` takes ragged inputs as values + row lengths."""
+    from keras.export import ExportArchive
+
+    ragged = [n for n, spec in inputs.items() if isinstance(spec, tf.RaggedTensorSpec)]
+    flat: dict[str, tf.TensorSpec] = {}
+    for name, spec in inputs.items():
+        if name in ragged:
+            flat[name] = tf.TensorSpec([None, *spec.shape[2:]], spec.dtype, name=name)
+            lengths = name + ROW_LENGTHS_SUFFIX
+            flat[lengths] = tf.TensorSpec([None], tf.int64, name=lengths)
+        else:
+            flat[name] = spec
+
+    @tf.function(input_signature=[flat])
+    def serving_default(features: dict[str, tf.Tensor]) -> Any:
+        rebuilt = {n: features[n] for n in inputs}
+        for name in ragged:
+            # Validated: these come from clients, not from our own decoder.
+            rebuilt[name] = tf.RaggedTensor.from_row_lengths(
+                features[name], features[name + ROW_LENGTHS_SUFFIX]
+            )
+        return model(rebuilt, training=False)
+
+    @tf.function(input_signature=[dict(inputs)])
+    def serve(features: dict[str, Any]) -> Any:
+        return model(features, training=False)
+
+    archive = ExportArchive()
+    archive.track(model)
+    archive.add_endpoint("serving_default", serving_default)
+    archive.add_endpoint("serve", serve)
+    archive.write_out(path, verbose=False)
 
 
 class Exporter:
@@ -84,15 +152,30 @@ class Exporter:
         except (OSError, ValueError, KeyError):
             return None
 
-    def export(self, model: keras.Model, step: int, offsets: Mapping[int, int], topic: str) -> str:
-        """Write a new version and publish it with one rename; returns its directory."""
+    def export(
+        self,
+        model: keras.Model,
+        step: int,
+        offsets: Mapping[int, int],
+        topic: str,
+        *,
+        inputs: Mapping[str, tf.TypeSpec] | None = None,
+    ) -> str:
+        """Write a new version and publish it with one rename; returns its directory.
+
+        ``inputs`` (``serving_inputs(...)``) are the model's input specs; without a ragged one
+        (or without ``inputs``) Keras' export writes the signature from the model's inputs.
+        """
         existing = self.versions()
         version = max(int(step), existing[-1] + 1 if existing else 1)
         tmp = os.path.join(self.directory, f"{_TMP_PREFIX}{version}-{secrets.token_hex(4)}")
         final = os.path.join(self.directory, str(version))
         t0 = time.monotonic()
         try:
-            model.export(tmp, format="tf_saved_model", verbose=False)
+            if inputs and any(isinstance(s, tf.RaggedTensorSpec) for s in inputs.values()):
+                _export_with_ragged(model, tmp, inputs)
+            else:
+                model.export(tmp, format="tf_saved_model", verbose=False)
             os.makedirs(os.path.join(tmp, "assets.extra"), exist_ok=True)
             info = {
                 "topic": topic,

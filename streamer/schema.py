@@ -1,60 +1,53 @@
-"""The record schema: each feature's dtype and shape, the label, and the decoder's limits."""
+"""The record schema: each feature's dtype, shape and kind, the label, and the decoder's limits.
+
+Feature kinds, in the vocabulary of ``tf.io``'s feature specs:
+
+- fixed (``FixedLenFeature``): ``shape = [16]`` (``[]`` for a scalar) -> ``[batch, *shape]``;
+- variable-length (``RaggedFeature``): ``shape = [-1]`` or ``[-1, 8]`` -> a ``tf.RaggedTensor``
+  ``[batch, None, ...]``, at most ``max_len`` rows per record;
+- padded (``FixedLenSequenceFeature``): a variable-length one with ``pad_to = N`` -> a dense
+  ``[batch, N, ...]`` (truncated, or padded with ``pad_value``) plus ``<name>_length`` (int32);
+- strings: ``dtype = "string"`` (msgpack str or bin) -> ``tf.string``, of any of the shapes above;
+- optional: ``default = <value>`` (``[]`` for a variable-length one) stands in for a missing
+  field; a feature without a default is required.
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from numpy.typing import DTypeLike
-
 from consumers.errors import ConfigError
+from streamer.feature import (
+    ALLOWED_DTYPES,
+    HARD_MAX_BYTES,
+    LENGTH_SUFFIX,
+    NAME_RE,
+    NAME_RULE,
+    RESERVED_NAMES,
+    ROW_LENGTHS_SUFFIX,
+    STRING,
+    Feature,
+    is_int,
+)
 
 __all__ = [
     "ALLOWED_DTYPES",
+    "LENGTH_SUFFIX",
     "RESERVED_NAMES",
+    "ROW_LENGTHS_SUFFIX",
+    "STRING",
     "Feature",
     "Schema",
 ]
 
-#: The feature dtypes a schema may name (numpy names).
-ALLOWED_DTYPES: tuple[str, ...] = (
-    "bool",
-    "int8",
-    "int16",
-    "int32",
-    "int64",
-    "uint8",
-    "uint16",
-    "uint32",
-    "uint64",
-    "float16",
-    "float32",
-    "float64",
-)
-
-#: Column names the pipeline adds to every decoded block; no feature may take them.
-RESERVED_NAMES: frozenset[str] = frozenset({"partition", "offset", "timestamp"})
-
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,127}$")
-_NAME_RULE = (
-    "a name of 1-128 characters: a letter or '_', then letters, digits or '_./-'; "
-    f"not one of {sorted(RESERVED_NAMES)}"
-)
-_MAX_NDIM = 32
-_MAX_DIM = 2**31 - 1
 _KIB = 1024
 _MIB = 1024 * _KIB
-_GIB = 1024 * _MIB
-# A feature, and a record, may not exceed this however the limits are set.
-_HARD_MAX_BYTES = _GIB
 _DEFAULT_RECORD_CAP = 64 * _MIB
 _DEFAULT_SLACK = 64 * _KIB
 _DEFAULT_MAX_DEPTH = 8
@@ -64,82 +57,8 @@ _DEFAULT_MIN_MAP_LEN = 256
 # The msgpack-numpy envelope is a map of five keys; each record is a map of its features.
 _NUMPY_MAP_LEN = 5
 _LIMIT_KEYS = ("max_record_bytes", "max_depth", "max_array_len", "max_map_len")
-_FEATURE_KEYS = ("dtype", "shape")
+_FEATURE_KEYS = ("dtype", "shape", "max_len", "pad_to", "pad_value", "default")
 _TOP_KEYS = ("features", "label", "limits")
-
-
-def _is_int(value: object) -> bool:
-    # bool is an int subclass; a setting of `true` is never a count.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _dtype_of(setting: str, value: DTypeLike) -> np.dtype[Any]:
-    allowed = f"one of {', '.join(ALLOWED_DTYPES)}"
-    if isinstance(value, str):
-        if value not in ALLOWED_DTYPES:
-            raise ConfigError(setting, value, allowed)
-        return np.dtype(value)
-    try:
-        dtype = np.dtype(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(setting, value, allowed) from exc
-    if dtype.name not in ALLOWED_DTYPES or not dtype.isnative:
-        raise ConfigError(setting, value, f"{allowed} (native byte order)")
-    return np.dtype(dtype.name)
-
-
-def _shape_of(setting: str, value: object) -> tuple[int, ...]:
-    rule = f"a list of at most {_MAX_NDIM} integers in 1..{_MAX_DIM} ([] for a scalar)"
-    if not isinstance(value, list | tuple) or len(value) > _MAX_NDIM:
-        raise ConfigError(setting, value, rule)
-    for i, dim in enumerate(value):
-        if not _is_int(dim) or not 0 < dim <= _MAX_DIM:
-            raise ConfigError(f"{setting}[{i}]", dim, rule)
-    return tuple(int(d) for d in value)
-
-
-@dataclass(frozen=True, slots=True, init=False)
-class Feature:
-    """One named tensor of a record: its dtype and its shape (``()`` for a scalar).
-
-    >>> f = Feature("x", "float32", (16,))
-    >>> f.dtype, f.shape, f.nbytes
-    (dtype('float32'), (16,), 64)
-    """
-
-    name: str
-    dtype: np.dtype[Any]
-    shape: tuple[int, ...]
-
-    def __init__(self, name: str, dtype: DTypeLike, shape: Sequence[int] = ()) -> None:
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise ConfigError("features", name, _NAME_RULE)
-        setting = f"features.{name}"
-        if name in RESERVED_NAMES:
-            raise ConfigError(setting, name, _NAME_RULE)
-        object.__setattr__(self, "name", name)
-        object.__setattr__(self, "dtype", _dtype_of(f"{setting}.dtype", dtype))
-        object.__setattr__(self, "shape", _shape_of(f"{setting}.shape", shape))
-        if self.nbytes > _HARD_MAX_BYTES:
-            raise ConfigError(
-                f"{setting}.shape",
-                list(self.shape),
-                f"at most {_HARD_MAX_BYTES} bytes per feature ({self.nbytes} with {self.dtype})",
-            )
-
-    @property
-    def size(self) -> int:
-        """Number of elements: the product of the shape (1 for a scalar)."""
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        """Size of the raw little-endian encoding in bytes."""
-        return self.size * self.dtype.itemsize
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``[features.<name>]`` table of this feature."""
-        return {"dtype": self.dtype.name, "shape": list(self.shape)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,10 +66,13 @@ class Schema:
     """The features of a record, the label among them, and the decoder's safety limits.
 
     A limit of 0 (the default) is derived from the features: ``max_record_bytes`` is
-    4 x the raw size of all features + 64 KiB (at most 64 MiB unless the features need
-    more), ``max_depth`` 8, ``max_array_len`` 1024 or the largest dimension, ``max_map_len``
-    256 or twice the feature count + 16. Depth counts the record's map as 1, so a feature
-    of shape ``(a, b)`` sent as nested lists needs depth 3, as does any msgpack-numpy array.
+    4 x the raw size of all features (variable-length ones at ``max_len`` rows) + 64 KiB (at
+    most 64 MiB unless the fixed-shape features need more), ``max_depth`` 8,
+    ``max_array_len`` 1024 or the largest dimension, ``max_len`` or ``pad_to``,
+    ``max_map_len`` 256 or twice the feature count + 16. A variable-length feature without
+    ``max_len`` takes ``max_array_len``: a longer list is a ``shape`` reject, never an
+    allocation. Depth counts the record's map as 1, so a feature of shape ``(a, b)`` sent as
+    nested lists needs depth 3, as does any msgpack-numpy array.
 
     >>> s = Schema.from_toml_text('''
     ... label = "y"
@@ -180,26 +102,69 @@ class Schema:
         for name in names:
             if names.count(name) > 1:
                 raise ConfigError(f"features.{name}", name, "feature names must be unique")
-        if self.label is not None and self.label not in names:
-            raise ConfigError("label", self.label, f"the name of a feature, one of {names}")
+        for f in features:
+            derived = f.name + (LENGTH_SUFFIX if f.is_padded else ROW_LENGTHS_SUFFIX)
+            if f.is_variable and (derived in names or derived in RESERVED_NAMES):
+                raise ConfigError(
+                    f"features.{derived}",
+                    derived,
+                    f"a name of its own: the {'length column' if f.is_padded else 'row lengths'}"
+                    f" of variable-length feature {f.name!r} is called {derived!r}",
+                )
+        if self.label is not None:
+            if self.label not in names:
+                raise ConfigError("label", self.label, f"the name of a feature, one of {names}")
+            if not self.feature(self.label).is_dense_numeric:
+                raise ConfigError(
+                    "label", self.label, "a numeric feature of fixed shape (not string or [-1])"
+                )
         self._set_limits()
 
     def _set_limits(self) -> None:
-        raw = sum(f.nbytes for f in self.features)
-        min_bytes = max(1, raw)
+        fixed_raw = sum(f.nbytes for f in self.features if not f.is_variable)
+        lens = [f.max_len for f in self.features if f.max_len is not None]
+        lens += [f.pad_to for f in self.features if f.pad_to is not None]
+        max_dim = max((d for f in self.features for d in f.shape), default=1)
+        array_len = self.max_array_len
+        if not is_int(array_len):
+            raise ConfigError("limits.max_array_len", array_len, "an integer")
+        if array_len == 0:
+            array_len = max(_DEFAULT_MIN_ARRAY_LEN, max_dim, *lens)
+        elif not 1 <= array_len <= 2**32 - 1:
+            raise ConfigError(
+                "limits.max_array_len", array_len, f"1..{2**32 - 1} elements of one msgpack array"
+            )
+        else:
+            for f in self.features:
+                for key in ("max_len", "pad_to"):
+                    value = getattr(f, key)
+                    if value is not None and value > array_len:
+                        raise ConfigError(
+                            "limits.max_array_len",
+                            array_len,
+                            f"at least every feature's max_len and pad_to "
+                            f"(features.{f.name}.{key} = {value})",
+                        )
+        # Variable-length features without max_len take max_array_len: every list is bounded.
+        features = tuple(
+            f.with_max_len(array_len) if f.is_variable and f.max_len is None else f
+            for f in self.features
+        )
+        object.__setattr__(self, "features", features)
+        raw = sum(f.nbytes for f in features)
+        min_bytes = max(1, fixed_raw)
         default_bytes = max(
-            min(4 * raw + _DEFAULT_SLACK, _DEFAULT_RECORD_CAP), raw + _DEFAULT_SLACK
+            min(4 * raw + _DEFAULT_SLACK, _DEFAULT_RECORD_CAP), fixed_raw + _DEFAULT_SLACK
         )
         max_ndim = max(len(f.shape) for f in self.features)
         min_depth = max(3, 1 + max_ndim)
-        max_dim = max((d for f in self.features for d in f.shape), default=1)
         min_map = max(len(self.features), _NUMPY_MAP_LEN)
         limits = {
             "max_record_bytes": (
                 default_bytes,
                 min_bytes,
-                _HARD_MAX_BYTES,
-                "bytes of one record: at least the raw size of all features",
+                HARD_MAX_BYTES,
+                "bytes of one record: at least the raw size of all fixed-shape features",
             ),
             "max_depth": (
                 max(_DEFAULT_MAX_DEPTH, min_depth),
@@ -209,7 +174,7 @@ class Schema:
                 "(msgpack-numpy arrays) and 1 + the most dimensions of a feature",
             ),
             "max_array_len": (
-                max(_DEFAULT_MIN_ARRAY_LEN, max_dim),
+                array_len,
                 1,
                 2**32 - 1,
                 "elements of one msgpack array",
@@ -223,7 +188,7 @@ class Schema:
         }
         for key, (default, low, high, what) in limits.items():
             value = getattr(self, key)
-            if not _is_int(value):
+            if not is_int(value):
                 raise ConfigError(f"limits.{key}", value, f"an integer: {what}")
             if value == 0:
                 object.__setattr__(self, key, default)
@@ -249,6 +214,40 @@ class Schema:
                 return f
         raise KeyError(name)
 
+    @property
+    def input_columns(self) -> tuple[str, ...]:
+        """The columns a model may take: every feature but the label, and the
+        ``<name>_length`` column of each padded one."""
+        out: list[str] = []
+        for f in self.input_features:
+            out.append(f.name)
+            if f.is_padded:
+                out.append(f.name + LENGTH_SUFFIX)
+        return tuple(out)
+
+    def check_builtin_model(self) -> None:
+        """ConfigError unless the built-in model can take every input feature.
+
+        >>> schema = Schema((Feature("ids", "int64", (-1,)), Feature("y", "float32")), label="y")
+        >>> schema.check_builtin_model()                    # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        consumers.errors.ConfigError: invalid setting model=None: the built-in model takes ...
+        """
+        others = [
+            f"{f.name} ({STRING if f.is_string else f.dtype.name}{list(f.shape)})"
+            for f in self.input_features
+            if not f.is_dense_numeric
+        ]
+        if others:
+            raise ConfigError(
+                "model",
+                None,
+                "the built-in model takes numeric fixed-shape features only, and "
+                f"{', '.join(others)} {'is' if len(others) == 1 else 'are'} not: give a model "
+                "of your own with --model package.module:function (examples/recommender.py in "
+                "the repository takes strings and variable-length lists)",
+            )
+
     # -- (de)serialisation -------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
@@ -265,7 +264,7 @@ class Schema:
         """Build a schema from the parsed TOML/JSON document.
 
         >>> Schema.from_dict({"features": {"x": {"dtype": "int64"}}}).features
-        (Feature(name='x', dtype=dtype('int64'), shape=()),)
+        (Feature(name='x', dtype='int64', shape=()),)
         """
         if not isinstance(data, Mapping):
             raise ConfigError(
@@ -279,18 +278,31 @@ class Schema:
             )
         features = []
         for name, table in tables.items():
-            if not isinstance(name, str) or not _NAME_RE.match(name) or name in RESERVED_NAMES:
-                raise ConfigError("features", name, _NAME_RULE)
+            if not isinstance(name, str) or not NAME_RE.match(name) or name in RESERVED_NAMES:
+                raise ConfigError("features", name, NAME_RULE)
             setting = f"features.{name}"
             if not isinstance(table, Mapping):
-                raise ConfigError(setting, table, "a table with 'dtype' and optional 'shape'")
+                raise ConfigError(
+                    setting, table, f"a table with 'dtype' and some of {', '.join(_FEATURE_KEYS)}"
+                )
             _no_unknown_keys(setting, table, _FEATURE_KEYS)
+            allowed = f"one of {', '.join(ALLOWED_DTYPES)}, {STRING}"
             if "dtype" not in table:
-                raise ConfigError(f"{setting}.dtype", None, f"one of {', '.join(ALLOWED_DTYPES)}")
+                raise ConfigError(f"{setting}.dtype", None, allowed)
             dtype = table["dtype"]
             if not isinstance(dtype, str):
-                raise ConfigError(f"{setting}.dtype", dtype, f"one of {', '.join(ALLOWED_DTYPES)}")
-            features.append(Feature(name, dtype, table.get("shape", ())))
+                raise ConfigError(f"{setting}.dtype", dtype, allowed)
+            features.append(
+                Feature(
+                    name,
+                    dtype,
+                    table.get("shape", ()),
+                    max_len=table.get("max_len"),
+                    pad_to=table.get("pad_to"),
+                    pad_value=table.get("pad_value"),
+                    default=table.get("default"),
+                )
+            )
         label = data.get("label")
         if label is not None and not isinstance(label, str):
             raise ConfigError("label", label, "the name of a feature")
@@ -299,7 +311,7 @@ class Schema:
             raise ConfigError("limits", limits, f"a table with some of {', '.join(_LIMIT_KEYS)}")
         _no_unknown_keys("limits", limits, _LIMIT_KEYS)
         for key, value in limits.items():
-            if not _is_int(value) or value <= 0:
+            if not is_int(value) or value <= 0:
                 raise ConfigError(f"limits.{key}", value, "a positive integer")
         return cls(features=tuple(features), label=label, **limits)
 

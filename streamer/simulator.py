@@ -1,4 +1,5 @@
-"""The simulator: a learnable synthetic task, produced into Kafka or served in-process as shards."""
+"""The simulator: learnable synthetic tasks (or random records of any schema), produced into
+Kafka or served in-process as shards."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, ClassVar, Protocol
 
 import msgpack
 import numpy as np
@@ -18,9 +19,14 @@ from consumers.block import RecordBlock
 from streamer.schema import Schema
 
 __all__ = [
+    "TASKS",
+    "RandomRecords",
+    "RecommenderTask",
     "SimulatedShard",
     "SimulatorTask",
+    "Task",
     "produce",
+    "task_named",
 ]
 
 log = logging.getLogger(__name__)
@@ -28,9 +34,25 @@ log = logging.getLogger(__name__)
 _PAD_KEY = "pad"
 
 
+class Task(Protocol):
+    """What the simulator produces: records of one schema."""
+
+    def schema(self) -> Schema: ...
+    def records(self, n: int, rng: np.random.Generator, record_bytes: int = 0) -> list[bytes]: ...
+
+
+def _pad(rng: np.random.Generator, base: int, record_bytes: int) -> bytes:
+    """Random bytes for an extra ``pad`` key (ignored by the schema) to reach about
+    ``record_bytes`` per record."""
+    pad_len = max(0, record_bytes - base - 8)
+    return rng.bytes(pad_len) if pad_len else b""
+
+
 @dataclass(frozen=True, slots=True)
 class SimulatorTask:
     """A regression task a small MLP learns: y = tanh(x·w1) + 0.5·sin(x·w2) + noise.
+
+    The ``regression`` task of ``streamer simulate --task`` (the default).
 
     >>> task = SimulatorTask()
     >>> batch = task.sample(4, np.random.default_rng(0))
@@ -41,6 +63,7 @@ class SimulatorTask:
     num_features: int = 16
     noise: float = 0.05
     seed: int = 1234
+    name: ClassVar[str] = "regression"
 
     def _weights(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         rng = np.random.default_rng(self.seed)
@@ -76,12 +99,194 @@ class SimulatorTask:
         x = batch["x"].astype("<f4", copy=False)
         y = batch["y"]
         base = len(msgpack.packb({"x": x[0].tobytes(), "y": float(y[0])})) if n else 0
-        pad_len = max(0, record_bytes - base - 8)
-        pad = rng.bytes(pad_len) if pad_len else b""
+        pad = _pad(rng, base, record_bytes)
         packb = msgpack.packb
         if pad:
             return [packb({"x": x[i].tobytes(), "y": float(y[i]), _PAD_KEY: pad}) for i in range(n)]
         return [packb({"x": x[i].tobytes(), "y": float(y[i])}) for i in range(n)]
+
+
+@dataclass(frozen=True, slots=True)
+class RecommenderTask:
+    """A recommender-like stream with a learnable rating (the ``recommender`` task).
+
+    Each record: ``user`` (a string id), ``items`` (0 to ``max_items`` int64 item ids, a
+    msgpack array; left out when empty, as producers do: the schema's default is ``[]``),
+    ``x`` (``num_features`` float32 context values, raw ``bin``) and the label ``y``:
+
+        y = tanh(0.8·bias[user] + mean(score[items]) + 0.5·x·w) + noise
+
+    with hidden per-user biases, per-item scores (0 for an empty list) and weights ``w``. A model
+    learns it from a hashed user embedding, the mean of the items' embeddings and the dense
+    ``x`` (``examples/recommender.py``).
+
+    >>> batch = RecommenderTask().sample(3, np.random.default_rng(0))
+    >>> sorted(batch), batch["x"].shape
+    (['items', 'user', 'x', 'y'], (3, 16))
+    """
+
+    users: int = 500
+    items: int = 1000
+    max_items: int = 50
+    num_features: int = 16
+    noise: float = 0.05
+    seed: int = 1234
+    name: ClassVar[str] = "recommender"
+
+    def schema(self) -> Schema:
+        """user: string; items: int64[-1] (at most ``max_items``, default []); x: float32; y."""
+        return Schema.from_dict(
+            {
+                "label": "y",
+                "features": {
+                    "user": {"dtype": "string"},
+                    "items": {
+                        "dtype": "int64",
+                        "shape": [-1],
+                        "max_len": self.max_items,
+                        "default": [],
+                    },
+                    "x": {"dtype": "float32", "shape": [self.num_features]},
+                    "y": {"dtype": "float32"},
+                },
+            }
+        )
+
+    def _hidden(self) -> tuple[npt.NDArray[np.float64], ...]:
+        rng = np.random.default_rng(self.seed)
+        bias = rng.normal(size=self.users)
+        score = 2.0 * rng.normal(size=self.items)
+        w = rng.normal(size=self.num_features) / np.sqrt(self.num_features)
+        return bias, score, w
+
+    def sample(self, n: int, rng: np.random.Generator) -> dict[str, Any]:
+        """``n`` samples: ``user`` (list of str), ``items`` (list of int64 arrays), ``x``, ``y``."""
+        bias, score, w = self._hidden()
+        users = rng.integers(0, self.users, size=n)
+        counts = rng.integers(0, self.max_items, size=n, endpoint=True)
+        flat = rng.integers(0, self.items, size=int(counts.sum()))
+        items = np.split(flat, np.cumsum(counts)[:-1]) if n else []
+        sums = np.bincount(np.repeat(np.arange(n), counts), weights=score[flat], minlength=n)
+        means = sums / np.maximum(counts, 1)
+        x = rng.normal(size=(n, self.num_features)).astype(np.float32)
+        y = np.tanh(0.8 * bias[users] + means + 0.5 * (x @ w))
+        y = y + self.noise * rng.normal(size=n)
+        return {
+            "user": [f"user-{u}" for u in users],
+            "items": items,
+            "x": x,
+            "y": y.astype(np.float32),
+        }
+
+    def records(self, n: int, rng: np.random.Generator, record_bytes: int = 0) -> list[bytes]:
+        """``n`` msgpack records, written as a producer would with plain ``msgpack.packb``."""
+        batch = self.sample(n, rng)
+        x = batch["x"].astype("<f4", copy=False)
+        packb = msgpack.packb
+        out = []
+        for i in range(n):
+            record: dict[str, Any] = {"user": batch["user"][i], "x": x[i].tobytes()}
+            if len(batch["items"][i]):
+                record["items"] = batch["items"][i].tolist()
+            record["y"] = float(batch["y"][i])
+            out.append(record)
+        if record_bytes and n:
+            pad = _pad(rng, len(packb(out[0])), record_bytes)
+            for record in out:
+                record["pad"] = pad
+        return [packb(r) for r in out]
+
+
+@dataclass(frozen=True)
+class RandomRecords:
+    """Random valid records of any schema (for ``streamer bench --schema`` and ``simulate``).
+
+    Fixed numeric features travel as raw ``bin`` (scalars as numbers), variable-length ones
+    as msgpack arrays of 0 to ``max_len`` rows (at most ``max_rows``), strings as 4-12 ASCII
+    characters; an optional feature is left out of a fifth of the records. Nothing is
+    learnable: the label is as random as the rest.
+
+    >>> schema = Schema.from_dict({"features": {"ids": {"dtype": "int64", "shape": [-1]}}})
+    >>> len(RandomRecords(schema).records(3, np.random.default_rng(0)))
+    3
+    """
+
+    spec: Schema
+    max_rows: int = 1000
+    name: ClassVar[str] = "random"
+
+    def schema(self) -> Schema:
+        return self.spec
+
+    def records(self, n: int, rng: np.random.Generator, record_bytes: int = 0) -> list[bytes]:
+        columns = {f.name: self._column(f, n, rng) for f in self.spec.features}
+        out: list[dict[str, Any]] = [{} for _ in range(n)]
+        for f in self.spec.features:
+            present = (rng.random(n) >= 0.2 if not f.required else np.ones(n, dtype=bool)).tolist()
+            for record, value, keep in zip(out, columns[f.name], present, strict=True):
+                if keep:
+                    record[f.name] = value
+        packb = msgpack.packb
+        if record_bytes and n:
+            pad = _pad(rng, len(packb(out[0])), record_bytes)
+            for record in out:
+                record[_PAD_KEY] = pad
+        return [packb(r) for r in out]
+
+    def _column(self, f: Any, n: int, rng: np.random.Generator) -> list[Any]:
+        if f.is_variable:
+            rows = rng.integers(0, min(f.max_len, self.max_rows), size=n, endpoint=True)
+            total = int(rows.sum()) * f.inner_size
+            flat = _random_values(f, total, rng)
+            splits = np.cumsum(rows * f.inner_size)[:-1]
+            inner = f.inner_shape
+            return [
+                np.asarray(chunk, dtype=object if f.is_string else f.dtype)
+                .reshape((-1, *inner))
+                .tolist()
+                for chunk in np.split(np.asarray(flat, dtype=object), splits)
+            ]
+        values = _random_values(f, n * f.size, rng)
+        if f.is_string:
+            arr = np.asarray(values, dtype=object).reshape((n, *f.shape))
+            return arr.tolist()
+        arr = np.asarray(values, dtype=f.dtype).reshape((n, *f.shape))
+        if not f.shape:
+            return arr.tolist()
+        wire = arr.astype(f.dtype.newbyteorder("<"), copy=False)
+        return [row.tobytes() for row in wire]
+
+
+def _random_values(f: Any, count: int, rng: np.random.Generator) -> list[Any]:
+    """``count`` random elements of feature ``f``'s dtype, as Python values."""
+    if f.is_string:
+        lengths = rng.integers(4, 12, size=count, endpoint=True)
+        letters = rng.integers(97, 123, size=int(lengths.sum()), dtype=np.uint8).tobytes()
+        ends = np.cumsum(lengths).tolist()
+        return [letters[e - k : e].decode() for e, k in zip(ends, lengths.tolist(), strict=True)]
+    kind = f.dtype.kind
+    if kind == "b":
+        return rng.integers(0, 2, size=count).astype(bool).tolist()
+    if kind in "iu":
+        hi = min(1000, int(np.iinfo(f.dtype).max))
+        lo = max(0 if kind == "u" else -hi, int(np.iinfo(f.dtype).min))
+        return rng.integers(lo, hi, size=count).tolist()
+    return rng.normal(size=count).astype(f.dtype).tolist()
+
+
+#: The simulator's learnable tasks by name (``--task``, ``--sim-task``).
+TASKS: dict[str, Callable[[], Task]] = {
+    SimulatorTask.name: SimulatorTask,
+    RecommenderTask.name: RecommenderTask,
+}
+
+
+def task_named(name: str) -> Task:
+    """The task called ``name`` (one of ``TASKS``); ValueError otherwise."""
+    try:
+        return TASKS[name]()
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}: one of {', '.join(TASKS)}") from None
 
 
 class SimulatedShard:
@@ -97,7 +302,7 @@ class SimulatedShard:
         shard_index: int,
         num_shards: int,
         *,
-        task: SimulatorTask | None = None,
+        task: Task | None = None,
         partitions: int = 4,
         block_records: int = 512,
         record_bytes: int = 0,
@@ -107,7 +312,7 @@ class SimulatedShard:
     ) -> None:
         self.shard_index = shard_index
         self.num_shards = num_shards
-        self.task = task or SimulatorTask()
+        self.task: Task = task or SimulatorTask()
         self.topic = topic
         self._parts = [p for p in range(partitions) if p % num_shards == shard_index]
         self._next = {p: (start_offsets or {}).get(p, 0) for p in self._parts}
@@ -194,13 +399,13 @@ def produce(
     partitions: int = 4,
     rate: float | None = None,
     record_bytes: int = 0,
-    task: SimulatorTask | None = None,
+    task: Task | None = None,
     security: dict[str, Any] | None = None,
     progress: IO[str] | None = None,
     seed: int = 0,
     compression: str | None = None,
 ) -> int:
-    """Create ``topic`` if missing and produce ``records`` simulator samples; returns the count.
+    """Create ``topic`` if missing and produce ``records`` records of ``task``; returns the count.
 
     ``compression`` is the producer's ``compression_type`` (gzip, snappy, lz4, zstd; None or
     "none": uncompressed batches).

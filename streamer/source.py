@@ -16,9 +16,11 @@ from consumers import JoinBarrier, ShardHooks, ShardLike, open_shard
 from consumers.block import RecordBlock
 from consumers.errors import ConfigError, StreamerError
 from consumers.settings import ConsumerSettings
+from streamer.columns import METADATA_COLUMNS, flat_outputs, output_types, to_batch
 from streamer.decode import decode_block
 from streamer.gctune import release_free_memory
 from streamer.offsets import OffsetTracker
+from streamer.ragged import Column, concat_rows, num_rows
 from streamer.schema import Schema
 from streamer.settings import PipelineSettings
 from streamer.shuffle import ShuffleWindow
@@ -41,8 +43,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-METADATA_COLUMNS = ("partition", "offset", "timestamp")
 
 
 ShardFactory = Callable[[int, int, ShardHooks], ShardLike]
@@ -283,26 +283,22 @@ class StreamSource:
         return ds.with_options(options)
 
     def dataset(self) -> tf.data.Dataset:
-        """Batches of decoded features plus metadata columns; each iteration is one pass."""
-        specs = self.schema.features
-        tout = [tf.as_dtype(f.dtype) for f in specs] + [tf.int32, tf.int64, tf.int64]
+        """Batches of decoded features plus metadata columns; each iteration is one pass.
 
-        def decode(handle: tf.Tensor) -> dict[str, tf.Tensor]:
+        A fixed feature is a tensor ``[batch, *shape]``; a variable-length one a
+        ``tf.RaggedTensor`` ``[batch, None, *inner]`` rebuilt here from the flat values and
+        row lengths the decode returns (a numpy_function cannot return a ragged tensor), or,
+        with ``pad_to``, a dense ``[batch, pad_to, *inner]`` and its ``<name>_length`` (int32);
+        a string feature is ``tf.string``.
+        """
+        schema = self.schema
+        tout = output_types(schema)
+
+        def decode(handle: tf.Tensor) -> dict[str, Any]:
             out = tf.numpy_function(
-                self._decode_np,
-                [handle],
-                tout,
-                stateful=True,
-                name="decode_block",
+                self._decode_np, [handle], tout, stateful=True, name="decode_block"
             )
-            batch: dict[str, tf.Tensor] = {}
-            for f, t in zip(specs, out[: len(specs)], strict=True):
-                t.set_shape([None, *f.shape])
-                batch[f.name] = t
-            for name, t in zip(METADATA_COLUMNS, out[len(specs) :], strict=True):
-                t.set_shape([None])
-                batch[name] = t
-            return batch
+            return to_batch(schema, out)
 
         ds = self.blocks().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
         ds = ds.rebatch(self.settings.batch_size, drop_remainder=self.settings.drop_remainder)
@@ -477,6 +473,9 @@ class StreamSource:
     # ---- decode (numpy_function, parallel map) ------------------------------------------------
 
     def _decode_np(self, handle: np.ndarray) -> list[np.ndarray]:
+        return flat_outputs(self._decode_columns(handle))
+
+    def _decode_columns(self, handle: np.ndarray) -> list[Column]:
         h = int(handle)
         with self._lock:
             block = self._stash.pop(h, None)
@@ -493,13 +492,13 @@ class StreamSource:
             drain = self._flush_wanted and self._undecoded == 0
             if drain:
                 self._flush_wanted = False
-        mixed = self._window.push(out) if len(out[0]) else [c[:0] for c in out]
+        mixed = self._window.push(out) if num_rows(out[-1]) else out
         if not drain:
             return mixed
         rest = self._window.flush(like=out)
-        return [np.concatenate((a, b)) for a, b in zip(mixed, rest, strict=True)]
+        return [concat_rows(a, b) for a, b in zip(mixed, rest, strict=True)]
 
-    def _decode_block(self, block: RecordBlock) -> list[np.ndarray]:
+    def _decode_block(self, block: RecordBlock) -> list[Column]:
         values, partition, offset, ts = (
             block.values,
             block.partition,

@@ -21,7 +21,7 @@ from consumers import ShardHooks, ShardLike
 from consumers.errors import ConfigError, StreamerError
 from streamer.config import WorkerConfig, resolve_shard_runtime
 from streamer.evaluate import Evaluator
-from streamer.export import Exporter
+from streamer.export import Exporter, serving_inputs
 from streamer.gctune import release_free_memory, tune_gc
 from streamer.health import Health, MetricsServer
 from streamer.metrics import Metrics
@@ -29,7 +29,7 @@ from streamer.model import load_model
 from streamer.offsets import OffsetTracker
 from streamer.probe import BrokerProbe
 from streamer.schema import Schema
-from streamer.simulator import SimulatedShard, SimulatorTask
+from streamer.simulator import RandomRecords, SimulatedShard, Task, task_named
 from streamer.source import METADATA_COLUMNS, StreamSource
 from streamer.tboard import ProfileWindow, TrainingSummaries
 from streamer.train import Checkpointer, Trainer, choose_strategy
@@ -222,17 +222,19 @@ class Worker:
     # ---- set-up -----------------------------------------------------------------------------
 
     def _schema(self) -> Schema:
-        if self.config.schema is not None:
-            return Schema.from_file(self.config.schema)
-        return SimulatorTask().schema()
+        return self.config.load_schema()
 
     def _simulator_factory(self, restore: dict[int, int]) -> Any:
         cfg = self.config
+        # A schema file of one's own: random records of it (nothing to learn, but every
+        # feature kind travels the real decode path); else the named task.
+        task: Task = RandomRecords(self.schema) if cfg.schema else task_named(cfg.sim_task)
 
         def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
             shard = SimulatedShard(
                 k,
                 n,
+                task=task,
                 partitions=cfg.sim_partitions,
                 rate=cfg.sim_rate,
                 record_bytes=cfg.sim_record_bytes,
@@ -556,7 +558,11 @@ class Worker:
         t0 = time.monotonic()
         try:
             path = self.exporter.export(
-                self.bundle.model, self.step, self._positions(), self.config.topic
+                self.bundle.model,
+                self.step,
+                self._positions(),
+                self.config.topic,
+                inputs=serving_inputs(self.dataset.element_spec, self.bundle.input_names),
             )
         except Exception as exc:  # a failed export never stops training
             log.error("export at step %d failed: %s", self.step, exc)

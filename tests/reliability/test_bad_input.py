@@ -1,6 +1,12 @@
 """Bad input (issue 6): a corpus of malformed records produced into a live topic between good
 ones, read by a real worker process with a dead-letter topic.
 
+The schema is the simulator's (``x``, ``y``) plus optional features of the other kinds (issue
+17: a ragged id list with a cap, a string, padded float pairs), trained by the example
+recommender model: the simulator's records (without them) are good, and so are records with
+them; the corpus has bad values of every kind (a list over its cap, a string that is not
+UTF-8, a ragged inner shape mismatch, a wrong element type).
+
 The worker never stops; every good record is trained (audit log); every bad one is counted by
 reason (/metrics) and dead-lettered with headers naming its source topic, partition, offset
 and reason; the log names partition and offset and never prints a payload (every bad payload
@@ -31,7 +37,29 @@ from tests.workerutil import audit_lines, free_port, parse_metrics, read_audit, 
 
 pytestmark = pytest.mark.kafka
 
-TASK = SimulatorTask()  # schema: x float32 (16,), y float32 (the label)
+TASK = SimulatorTask()  # its records: x float32 (16,), y float32 (the label)
+SCHEMA_TOML = """
+label = "y"
+[features.x]
+dtype = "float32"
+shape = [16]
+[features.y]
+dtype = "float32"
+[features.items]
+dtype = "int64"
+shape = [-1]
+max_len = 8
+default = []
+[features.tag]
+dtype = "string"
+default = ""
+[features.pairs]
+dtype = "float32"
+shape = [-1, 2]
+max_len = 6
+pad_to = 3
+default = []
+"""
 MARKER = b"PAYLOAD-LEAK-7c1e"
 _M = MARKER.decode()
 _X = b"\x00" * 64
@@ -53,6 +81,17 @@ def _good_sample() -> bytes:
 
 
 _GOOD = _good_sample()
+
+
+def _rich(i: int) -> bytes:
+    """A good record with the optional features, and a field the schema does not know."""
+    record = {"x": _X, "y": float(i % 3), "items": list(range(i % 9)), "tag": f"t{i}"}
+    record["pairs"] = [[1.0, float(i)]] * (i % 5)
+    record["added_later"] = i
+    return _p(record)
+
+
+_XY = b"\xa1x\xc4\x40" + _X + b"\xa1y\xca\x3f\x80\x00\x00"  # x and y, packed
 
 #: name -> (value, reason). ``None`` is a tombstone (null value).
 CORPUS: dict[str, tuple[bytes | None, str]] = {
@@ -89,6 +128,18 @@ CORPUS: dict[str, tuple[bytes | None, str]] = {
     "missing feature": (_p({"y": 1.0, "note": _M}), "schema"),
     "null feature": (_p({"x": None, "y": 1.0, "note": _M}), "schema"),
     "empty map": (_p({}), "schema"),
+    # The other feature kinds (issue 17).
+    "ids over their cap": (_p({"x": _X, "y": 1.0, "items": list(range(9)), "n": _M}), "shape"),
+    "ids as bin over their cap": (_p({"x": _X, "y": 1.0, "items": b"\x00" * 72, "n": _M}), "shape"),
+    "string that is not UTF-8": (b"\x83" + _XY + b"\xa3tag\xa3\xff\xfe\xfd", "format"),
+    "ragged inner shape mismatch": (
+        _p({"x": _X, "y": 1.0, "pairs": [[1.0, 2.0], [3.0]], "n": _M}),
+        "shape",
+    ),
+    "float among the ids": (_p({"x": _X, "y": 1.0, "items": [1, 2.5], "n": _M}), "dtype"),
+    "str among the ids": (_p({"x": _X, "y": 1.0, "items": [1, _M]}), "schema"),
+    "number for a string": (_p({"x": _X, "y": 1.0, "tag": 5, "n": _M}), "dtype"),
+    "list for a string": (_p({"x": _X, "y": 1.0, "tag": [_M]}), "shape"),
 }
 
 #: Keys of odd kinds, used in turn on good and bad records.
@@ -130,6 +181,7 @@ def _produce_corpus(
             for i, (bad_value, bad_reason) in enumerate(bad_items):
                 plan.append((bad_value, bad_reason))
                 plan.extend((v, None) for v in TASK.records(8 + (i + p) % 5, rng))
+                plan.append((_rich(i + p), None))
             plan.append(bad_items[p])  # and a bad record last
             for value, reason in plan:
                 key = KEYS[n % len(KEYS)]
@@ -202,6 +254,8 @@ def test_malformed_corpus_between_good_records_is_dead_lettered_and_counted(
     _create(kafka_admin, topic, 2)
     _create(kafka_admin, dlq, 1)
     audit = tmp_path / "audit.csv"
+    schema_file = tmp_path / "schema.toml"
+    schema_file.write_text(SCHEMA_TOML)
     try:
         good, bad, values = _produce_corpus(kafka_bootstrap, topic)
         assert len(bad) == 2 * len(CORPUS) + 2 and len(good) >= 400
@@ -220,6 +274,7 @@ def test_malformed_corpus_between_good_records_is_dead_lettered_and_counted(
                 "3",
                 "--dead-letter-topic",
                 dlq,
+                *("--schema", str(schema_file), "--model", "examples.recommender:build"),
             ],
         )
         worker = start_worker(args, tmp_path / "worker.log")

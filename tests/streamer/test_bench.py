@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,3 +72,50 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
     # Every soak pass reads the whole topic again: whole multiples of it, at least two passes.
     assert soak["passes"] >= 2 and soak["records"] == soak["passes"] * 3000, soak
     assert soak["seconds"] >= 3 and soak["rss_start_mib"] > 0 and soak["rss_end_mib"] > 0
+
+
+MIXED_TOML = """
+label = "y"
+[features.x]
+dtype = "float32"
+shape = [16]
+[features.items]
+dtype = "int64"
+shape = [-1]
+max_len = 50
+[features.user]
+dtype = "string"
+[features.y]
+dtype = "float32"
+"""
+
+
+@pytest.mark.timeout(300)
+def test_bench_schema_measures_it_beside_fixed_shape_records(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    schema = tmp_path / "mixed.toml"
+    schema.write_text(MIXED_TOML)
+    args = ["--bootstrap", kafka_bootstrap, "--schema", str(schema), "--records", "1500"]
+    args += ["--shards", "2", "--repeats", "1", "--modes", "raw,pipeline", "--json"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamer.cli", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert set(out["modes"]) == {"raw", "pipeline", "fixed:raw", "fixed:pipeline"}
+    assert out["task"] == str(schema) and out["baseline_topic"] != out["topic"]
+    assert out["record_bytes"] > 64 + 10  # the mean size of the mixed records
+    assert out["ratio_pipeline_fixed"] > 0 and out["ratio_raw_fixed"] > 0
+    # A mode that needs the regression schema is refused for a schema of one's own.
+    bad = subprocess.run(
+        [sys.executable, "-m", "streamer.cli", "bench", *args[:4], "--modes", "worker"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "modes" in bad.stderr

@@ -153,3 +153,32 @@ def test_shard_runtime_auto_picks_processes_only_with_shards_and_cores_to_use(
     assert resolve_shard_runtime("process", 1) == "process"
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0}, raising=False)
     assert resolve_shard_runtime("auto", 4) == "thread"
+
+
+def test_a_schema_the_builtin_model_cannot_take_fails_at_start_up_with_exit_2(
+    tmp_path: Path,
+) -> None:
+    schema = tmp_path / "kinds.toml"
+    schema.write_text(
+        'label = "y"\n[features.user]\ndtype = "string"\n'
+        '[features.items]\ndtype = "int64"\nshape = [-1]\n[features.y]\ndtype = "float32"\n'
+    )
+    for args in (["--schema", str(schema)], ["--sim-task", "recommender"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "streamer.cli", "run", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "built-in model takes numeric fixed-shape features only" in proc.stderr
+        assert "items (int64[-1])" in proc.stderr and "--model" in proc.stderr
+
+
+def test_sim_task_names_the_embedded_simulators_schema() -> None:
+    cfg = load_config({"sim_task": "recommender", "model": "examples.recommender:build"}, env={})
+    schema = cfg.load_schema()
+    assert schema.feature("items").is_ragged and schema.feature("user").is_string
+    assert load_config({}, env={}).load_schema().feature_names == ("x", "y")
+    with pytest.raises(ConfigError, match="sim_task"):
+        load_config({"sim_task": "chess"}, env={})

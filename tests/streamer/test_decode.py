@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from streamer.decode import REASONS, DecodedBlock, decode_block, encode_record
+from streamer.decode import REASONS, DecodedBlock, RaggedColumn, decode_block, encode_record
 from streamer.schema import ALLOWED_DTYPES, Feature, Schema
 
 SCHEMA = Schema(
@@ -66,12 +66,25 @@ def check_invariants(schema: Schema, values: list[Any], block: DecodedBlock) -> 
     assert len(block) == len(kept)
     assert set(block.features) == set(schema.feature_names)
     for f in schema.features:
-        arr = block.features[f.name]
-        assert arr.shape == (len(kept), *f.shape)
+        col = block.features[f.name]
+        if f.is_variable:
+            assert isinstance(col, RaggedColumn)
+            lengths = col.row_lengths
+            assert lengths.dtype == np.int64 and lengths.shape == (len(kept),)
+            # Caps respected: no record has more rows than max_len, whatever came in.
+            assert lengths.min(initial=0) >= 0 and lengths.max(initial=0) <= (f.max_len or 0)
+            arr = col.values
+            assert arr.shape == (int(lengths.sum()), *f.inner_shape)
+        else:
+            assert isinstance(col, np.ndarray)
+            arr = col
+            assert arr.shape == (len(kept), *f.shape)
         assert arr.dtype == f.dtype
         assert arr.flags.c_contiguous
         if f.dtype == np.dtype(bool):
             assert arr.view(np.uint8).max(initial=0) <= 1
+        if f.is_string:
+            assert all(type(v) in (str, bytes) for v in arr.reshape(-1))
 
 
 def _assert_rows(block: DecodedBlock, samples: list[dict[str, Any]]) -> None:
@@ -653,3 +666,337 @@ def test_valid_samples_round_trip_exactly(samples: list[dict[str, Any]], how: st
                 np.testing.assert_array_equal(row, want)
             else:
                 assert row.tobytes() == want.tobytes()
+
+
+# -- variable-length, padded, string and optional features -------------------------------------
+
+KINDS = Schema(
+    (
+        Feature("ids", "int64", (-1,), max_len=5),
+        Feature("pairs", "float32", (-1, 2), max_len=3, default=[]),
+        Feature("padded", "int16", (-1,), max_len=4, pad_to=2),
+        Feature("user", "string"),
+        Feature("tags", "string", (-1,), max_len=3, default=["none"]),
+        Feature("names", "string", (2,), default="?"),
+        Feature("flags", "bool", (-1,), max_len=3, default=[]),
+        Feature("score", "float32", default=0.5),
+        Feature("y", "float32"),
+    ),
+    label="y",
+)
+
+
+def _kinds(i: int, **changes: Any) -> dict[str, Any]:
+    """A valid record of KINDS as plain Python values (what a producer packs)."""
+    record: dict[str, Any] = {
+        "ids": list(range(i % 6)),
+        "pairs": [[float(i), -1.5]] * (i % 4),
+        "padded": [i, i + 1, i + 2][: 1 + i % 3],
+        "user": f"user-{i}",
+        "tags": ["a", "b\u00e9"][: i % 3],
+        "names": ["n", f"m{i}"],
+        "flags": [True, False, True][: i % 4],
+        "score": i / 8,
+        "y": float(i),
+    }
+    record.update(changes)
+    return {k: v for k, v in record.items() if v is not _DROP}
+
+
+_DROP = object()
+
+
+def _ragged(block: DecodedBlock, name: str) -> list[list[Any]]:
+    col = block.features[name]
+    assert isinstance(col, RaggedColumn)
+    splits = np.cumsum(col.row_lengths)[:-1]
+    return [part.tolist() for part in np.split(col.values, splits)] if len(col.row_lengths) else []
+
+
+def test_every_kind_decodes_to_columns_and_ragged_pairs() -> None:
+    records = [_kinds(i) for i in range(7)]
+    values = [_pack(r) for r in records]
+    block = decode_block(KINDS, values)
+    check_invariants(KINDS, values, block)
+    assert block.rejected == []
+    for name in ("ids", "pairs", "padded", "tags", "flags"):
+        # Strings come back as they were sent: str from msgpack str, bytes from bin.
+        assert _ragged(block, name) == [r[name] for r in records], name
+    assert block.features["user"].tolist() == [r["user"] for r in records]
+    assert block.features["names"].tolist() == [r["names"] for r in records]
+    assert block.features["score"].tolist() == [r["score"] for r in records]
+    pairs = block.features["pairs"]
+    assert isinstance(pairs, RaggedColumn)
+    assert pairs.values.dtype == np.float32 and pairs.values.shape[1:] == (2,)
+
+
+def test_variable_length_bin_and_msgpack_numpy_and_casts() -> None:
+    ids = np.array([5, -7, 2**40], dtype="<i8")
+    pairs = np.array([[1, 2], [3, 4]], dtype=np.float64)  # cast to float32
+    record = _kinds(
+        0,
+        ids=ids.tobytes(),
+        pairs=msgpack_numpy.encode(pairs),
+        padded=_np_env(np.array([1, 2, 3], dtype=np.int8)),  # safe int cast
+        flags=b"\x01\x00",
+        user=b"\xff\x00 raw bytes",
+    )
+    empty = _kinds(1, ids=b"", pairs=_np_env(np.zeros((0, 2), dtype="<f4")), padded=[])
+    block = decode_block(KINDS, [_pack(record), _pack(empty)])
+    check_invariants(KINDS, [0, 1], block)
+    assert block.rejected == []
+    assert _ragged(block, "ids") == [ids.tolist(), []]
+    assert _ragged(block, "pairs") == [pairs.tolist(), []]
+    assert _ragged(block, "padded") == [[1, 2, 3], []]
+    assert _ragged(block, "flags") == [[True, False], [True]]
+    assert block.features["user"].tolist() == [b"\xff\x00 raw bytes", "user-1"]
+
+
+def test_missing_or_nil_optional_fields_get_defaults_and_unknown_fields_are_ignored() -> None:
+    values = [
+        _pack(_kinds(2, pairs=_DROP, tags=_DROP, names=_DROP, flags=_DROP, score=_DROP)),
+        _pack(_kinds(2, pairs=None, tags=None, names=None, flags=None, score=None)),
+        _pack(_kinds(2, added_later={"nested": [1, "x"]}, note="new field")),
+    ]
+    block = decode_block(KINDS, values)
+    check_invariants(KINDS, values, block)
+    assert block.rejected == []
+    assert _ragged(block, "pairs") == [[], [], [[2.0, -1.5], [2.0, -1.5]]]
+    assert _ragged(block, "tags") == [["none"], ["none"], ["a", "b\u00e9"]]
+    assert _ragged(block, "flags") == [[], [], [True, False]]
+    assert block.features["names"].tolist() == [["?", "?"], ["?", "?"], ["n", "m2"]]
+    assert block.features["score"].tolist() == [0.5, 0.5, 0.25]
+
+
+def test_required_fields_of_the_new_kinds_are_still_required() -> None:
+    values = [_pack(_kinds(1, ids=_DROP)), _pack(_kinds(1, user=None)), _pack(_kinds(1))]
+    block = decode_block(KINDS, values)
+    assert block.rejected == [(0, "schema"), (1, "schema")]
+
+
+def test_default_of_a_fixed_numeric_feature_mixes_with_numbers() -> None:
+    schema = Schema((Feature("a", "int8", default=-3), Feature("v", "float16", (2,), default=1)))
+    values = [_pack({"a": 4, "v": [1.5, 2]}), _pack({}), _pack({"v": b"\x00<\x00<"})]
+    block = decode_block(schema, values)
+    check_invariants(schema, values, block)
+    assert block.features["a"].tolist() == [4, -3, -3]
+    assert block.features["v"].tolist() == [[1.5, 2.0], [1.0, 1.0], [1.0, 1.0]]
+
+
+_CAP = KINDS.max_array_len
+
+#: name -> (record, reason) for the new kinds; each replaces one field of a good record.
+BAD_KINDS: dict[str, tuple[bytes, str]] = {
+    "list over its cap": (_pack(_kinds(1, ids=list(range(6)))), "shape"),
+    "list over msgpack's array cap": (_pack(_kinds(1, ids=[0] * (_CAP + 1))), "too_large"),
+    "bin over its cap": (_pack(_kinds(1, ids=b"\x00" * 8 * 6)), "shape"),
+    "bin of part of a row": (_pack(_kinds(1, ids=b"\x00" * 12)), "shape"),
+    "bin of part of an inner row": (_pack(_kinds(1, pairs=b"\x00" * 12)), "shape"),
+    "msgpack-numpy over its cap": (
+        _pack(_kinds(1, ids=_np_env(np.zeros(6, dtype="<i8")))),
+        "shape",
+    ),
+    "msgpack-numpy huge rows, small data": (
+        _pack(_kinds(1, ids=_np_env(np.zeros(2, dtype="<i8"), shape=[10**15]))),
+        "shape",
+    ),
+    "msgpack-numpy wrong inner shape": (
+        _pack(_kinds(1, pairs=_np_env(np.zeros((1, 3), dtype="<f4")))),
+        "shape",
+    ),
+    "msgpack-numpy scalar for a list": (
+        _pack(_kinds(1, ids={b"nd": False, b"type": "<i8", b"data": b"\x00" * 8})),
+        "shape",
+    ),
+    "ragged inner shape mismatch": (_pack(_kinds(1, pairs=[[1.0, 2.0], [3.0]])), "shape"),
+    # A whole-record problem wins over the feature's own (checked once the list is refused).
+    "too deep in an id list": (_pack(_kinds(1, ids=_deep_list(KINDS.max_depth))), "too_deep"),
+    "good ids, a too deep extra key": (
+        _pack(_kinds(1, extra=_deep_list(KINDS.max_depth))),
+        "too_deep",
+    ),
+    "good ids, a bytes key": (_pack({**_kinds(1), b"k": 1}), "format"),
+    "flat list for rows": (_pack(_kinds(1, pairs=[1.0, 2.0])), "shape"),
+    "nested list for a list of ids": (_pack(_kinds(1, ids=[[1], [2]])), "shape"),
+    "number for a list": (_pack(_kinds(1, ids=3)), "shape"),
+    "float in an id list": (_pack(_kinds(1, ids=[1, 2.5])), "dtype"),
+    "bool in an id list": (_pack(_kinds(1, ids=[1, True])), "dtype"),
+    "id out of range": (_pack(_kinds(1, padded=[1, 40000])), "dtype"),
+    "int in a bool list": (_pack(_kinds(1, flags=[True, 1])), "dtype"),
+    "raw bool byte 2 in a list": (_pack(_kinds(1, flags=b"\x01\x02")), "dtype"),
+    "float beyond float32 in rows": (_pack(_kinds(1, pairs=[[1.0, 1e39]])), "dtype"),
+    "str in an id list": (_pack(_kinds(1, ids=[1, "2"])), "schema"),
+    "str for an id list": (_pack(_kinds(1, ids="1,2")), "schema"),
+    "map for an id list": (_pack(_kinds(1, ids={"a": 1})), "schema"),
+    "timestamp in an id list": (_pack(_kinds(1, ids=[msgpack.Timestamp(1, 0)])), "format"),
+    "number for a string": (_pack(_kinds(1, user=7)), "dtype"),
+    "bool for a string": (_pack(_kinds(1, user=True)), "dtype"),
+    "list for a string": (_pack(_kinds(1, user=["u"])), "shape"),
+    "map for a string": (_pack(_kinds(1, user={"u": 1})), "schema"),
+    "timestamp for a string": (_pack(_kinds(1, user=msgpack.Timestamp(1, 0))), "format"),
+    "string for a list of strings": (_pack(_kinds(1, tags="a")), "shape"),
+    "number in a list of strings": (_pack(_kinds(1, tags=["a", 1])), "dtype"),
+    "nil in a list of strings": (_pack(_kinds(1, tags=["a", None])), "schema"),
+    "list of strings over its cap": (_pack(_kinds(1, tags=["a"] * 4)), "shape"),
+    "too few strings": (_pack(_kinds(1, names=["a"])), "shape"),
+    "msgpack-numpy strings": (
+        _pack(_kinds(1, names=msgpack_numpy.encode(np.array(["a", "b"])))),
+        "dtype",
+    ),
+    # msgpack cannot write invalid UTF-8 as str: patch a str's bytes.
+    "string that is not UTF-8": (
+        _pack(_kinds(1, user="\x01\x02")).replace(b"\xa4user\xa2\x01\x02", b"\xa4user\xa2\xff\xfe"),
+        "format",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_KINDS))
+def test_bad_values_of_the_new_kinds_are_rejected_between_good_ones(case: str) -> None:
+    bad, reason = BAD_KINDS[case]
+    values = [_pack(_kinds(0)), bad, _pack(_kinds(2)), bad, _pack(_kinds(4))]
+    block = decode_block(KINDS, values)
+    check_invariants(KINDS, values, block)
+    assert block.rejected == [(1, reason), (3, reason)]
+    assert _ragged(block, "ids") == [[], [0, 1], [0, 1, 2, 3]]
+
+
+def test_encode_record_writes_the_new_kinds() -> None:
+    sample = {
+        "ids": np.array([3, 1], dtype=np.int64),
+        "padded": np.zeros(0, dtype=np.int16),
+        "user": "u",
+        "tags": [b"x"],
+        "names": ["a", "b"],
+        "y": 2.0,
+    }
+    value = encode_record(KINDS, sample)
+    assert set(msgpack.unpackb(value)) == set(sample)  # optional ones left out
+    block = decode_block(KINDS, [value])
+    assert block.rejected == []
+    assert _ragged(block, "ids") == [[3, 1]] and _ragged(block, "tags") == [[b"x"]]
+    assert _ragged(block, "pairs") == [[]] and block.features["score"].tolist() == [0.5]
+    with pytest.raises(ValueError, match="shape"):
+        encode_record(KINDS, {**sample, "ids": np.zeros(6, dtype=np.int64)})
+    with pytest.raises(ValueError, match="where a string belongs"):
+        encode_record(KINDS, {**sample, "user": 3})
+    with pytest.raises(ValueError, match="lacks feature 'ids'"):
+        encode_record(KINDS, {k: v for k, v in sample.items() if k != "ids"})
+
+
+# Hypothesis: the new kinds with small caps, valid values round-trip and anything else is
+# rejected with a reason, never more rows than max_len.
+
+VAR_FUZZ = Schema(
+    (
+        Feature("i", "int8", (-1,), max_len=4),
+        Feature("p", "float16", (-1, 2), max_len=3, default=[]),
+        Feature("s", "string"),
+        Feature("t", "string", (-1,), max_len=3, default=[]),
+        Feature("b", "bool", (-1,), max_len=2, pad_to=1, default=[True]),
+    ),
+    max_record_bytes=512,
+    max_array_len=8,
+    max_map_len=16,
+    max_depth=4,
+)
+
+var_sample_st = st.fixed_dictionaries(
+    {
+        "i": st.lists(st.integers(-128, 127), max_size=4),
+        "p": st.lists(st.lists(st.floats(width=16), min_size=2, max_size=2), max_size=3),
+        "s": st.one_of(st.text(max_size=6), st.binary(max_size=6)),
+        "t": st.lists(st.text(max_size=3), max_size=3),
+        "b": st.lists(st.booleans(), max_size=2),
+    }
+)
+var_record_st = st.one_of(
+    st.dictionaries(st.sampled_from(["i", "p", "s", "t", "b", "z"]), object_st, max_size=5),
+    st.fixed_dictionaries(
+        {
+            "i": st.one_of(
+                st.lists(st.integers(-300, 300), max_size=9),
+                st.binary(max_size=40),
+                object_st,
+            ),
+            "s": st.one_of(st.text(max_size=4), st.binary(max_size=4), object_st),
+        },
+        optional={
+            "p": st.one_of(
+                st.lists(st.lists(st.floats(), min_size=1, max_size=3), max_size=5),
+                st.binary(max_size=20),
+                object_st,
+            ),
+            "t": st.lists(st.one_of(st.text(max_size=2), st.integers(-(2**63), 2**63)), max_size=5),
+            "b": st.one_of(st.lists(st.booleans(), max_size=4), st.binary(max_size=3), object_st),
+        },
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(var_record_st, max_size=8))
+def test_fuzz_new_kinds_never_raise_and_respect_the_caps(records: list[dict[str, Any]]) -> None:
+    values = [_pack(r) for r in records]
+    _decode_and_check(VAR_FUZZ, values)
+
+
+@settings(max_examples=800, deadline=None)
+@given(st.lists(st.one_of(soup_st, st.binary(max_size=64)), max_size=12))
+def test_fuzz_new_kinds_token_soup_never_raises(values: list[bytes]) -> None:
+    _decode_and_check(VAR_FUZZ, values)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(var_sample_st, max_size=8), st.sampled_from(["list", "bin"]))
+def test_valid_new_kind_samples_round_trip_exactly(samples: list[dict[str, Any]], how: str) -> None:
+    records = []
+    for s in samples:
+        record = dict(s)
+        if how == "bin":
+            record["i"] = np.array(s["i"], dtype=np.int8).tobytes()
+            record["p"] = np.array(s["p"], dtype="<f2").reshape(-1, 2).tobytes()
+            record["b"] = np.array(s["b"], dtype=bool).tobytes()
+        records.append(record)
+    values = [_pack(r) for r in records]
+    block = _decode_and_check(VAR_FUZZ, values)
+    assert block.rejected == []
+    assert _ragged(block, "i") == [s["i"] for s in samples]
+    got_p = _ragged(block, "p")
+    for got, s in zip(got_p, samples, strict=True):
+        want = np.array(s["p"], dtype=np.float16).reshape(-1, 2)
+        np.testing.assert_array_equal(np.array(got, dtype=np.float16).reshape(-1, 2), want)
+    assert block.features["s"].tolist() == [s["s"] for s in samples]
+    assert _ragged(block, "t") == [s["t"] for s in samples]
+    assert _ragged(block, "b") == [s["b"] for s in samples]
+
+
+@pytest.mark.parametrize("dtype", [d for d in ALLOWED_DTYPES if d != "bool"])
+def test_flat_lists_of_every_numeric_dtype_keep_the_dtype_rules(dtype: str) -> None:
+    # Lists of numbers are checked inline (types, then min/max only where msgpack's own
+    # integer range does not already fit the dtype): every edge of every dtype.
+    schema = Schema((Feature("v", dtype, (-1,), max_len=4),))
+    dt = np.dtype(dtype)
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        edges = [int(info.min), int(info.max), 0]
+        below, above = int(info.min) - 1, int(info.max) + 1
+        outside = [v for v in (below, above) if -(2**63) <= v <= 2**64 - 1]
+        wrong = [1.0, True]
+    else:
+        fmax = float(np.finfo(dt).max)
+        edges = [-fmax, fmax, 0, 1, float("nan"), float("inf")]
+        outside = [] if dt.itemsize == 8 else [fmax * 4, -fmax * 4]
+        wrong = [True]
+    good = [_pack({"v": edges[:2]}), _pack({"v": []}), _pack({"v": edges[2:][:4]})]
+    bad = [_pack({"v": [0, v]}) for v in outside] + [_pack({"v": [0, v]}) for v in wrong]
+    nan_first = _pack({"v": [float("nan"), *outside]}) if outside and dt.kind == "f" else None
+    if nan_first is not None:
+        bad.append(nan_first)
+    block = decode_block(schema, good + bad)
+    check_invariants(schema, good + bad, block)
+    assert block.kept.tolist() == [0, 1, 2]
+    assert [reason for _, reason in block.rejected] == ["dtype"] * len(bad)
+    got = _ragged(block, "v")
+    np.testing.assert_array_equal(np.array(got[0], dtype=dt), np.array(edges[:2], dtype=dt))
+    np.testing.assert_array_equal(np.array(got[2], dtype=dt), np.array(edges[2:][:4], dtype=dt))

@@ -342,3 +342,225 @@ def test_error_in_file_names_setting_and_file(tmp_path: Path) -> None:
 def test_config_error_is_a_value_error() -> None:
     with pytest.raises(ValueError, match=r"features\.x\.dtype"):
         Schema.from_toml_text('[features.x]\ndtype = "half"\n')
+
+
+# -- variable-length, padded, string and optional features -------------------------------------
+
+KINDS_TOML = """
+label = "rating"
+
+[features.user]
+dtype = "string"
+
+[features.tags]
+dtype = "string"
+shape = [-1]
+max_len = 4
+default = []
+
+[features.items]
+dtype = "int64"
+shape = [-1]
+max_len = 50
+default = []
+
+[features.clicks]
+dtype = "float32"
+shape = [-1, 2]
+pad_to = 3
+pad_value = -1.0
+
+[features.country]
+dtype = "string"
+default = "unknown"
+
+[features.x]
+dtype = "float32"
+shape = [4]
+default = 0.5
+
+[features.rating]
+dtype = "float32"
+"""
+
+
+def test_every_feature_kind_parses() -> None:
+    schema = Schema.from_toml_text(KINDS_TOML)
+    user, tags, items, clicks, country, x = schema.input_features
+    assert user.is_string and not user.is_variable and user.required
+    assert user.dtype == np.dtype(object) and user.nbytes == 0
+    assert tags.is_string and tags.is_ragged and tags.max_len == 4 and tags.default == ()
+    assert items.is_ragged and not items.is_padded and items.inner_shape == ()
+    assert items.max_len == 50 and items.nbytes == 400 and items.default == ()
+    assert clicks.is_padded and not clicks.is_ragged and clicks.inner_shape == (2,)
+    assert clicks.pad_to == 3 and clicks.pad_value == -1.0 and clicks.required
+    # Without max_len a variable-length feature takes max_array_len: every list is bounded.
+    assert clicks.max_len == schema.max_array_len == 1024
+    assert country.default == "unknown" and not country.required
+    assert x.default == (0.5,) * 4 and x.is_dense_numeric
+    assert schema.input_columns == (
+        "user",
+        "tags",
+        "items",
+        "clicks",
+        "clicks_length",
+        "country",
+        "x",
+    )
+    # The record limit counts variable-length features at max_len rows.
+    assert schema.max_record_bytes == 4 * (4 * 4 + 50 * 8 + 1024 * 8 + 4) + 64 * 1024
+    assert schema.max_depth == 8
+
+
+def test_every_feature_kind_round_trips_through_dict_and_json() -> None:
+    schema = Schema.from_toml_text(KINDS_TOML)
+    again = Schema.from_json_text(json.dumps(schema.to_dict()))
+    assert again == schema
+    assert schema.to_dict()["features"]["clicks"] == {
+        "dtype": "float32",
+        "shape": [-1, 2],
+        "max_len": 1024,
+        "pad_to": 3,
+        "pad_value": -1.0,
+    }
+    nested = Feature("p", "int8", (-1, 2), default=[[1, 2], [3, 4]])
+    assert nested.default == (1, 2, 3, 4)
+    assert nested.to_dict()["default"] == [[1, 2], [3, 4]]
+    assert repr(nested) == "Feature(name='p', dtype='int8', shape=(-1, 2), default=(1, 2, 3, 4))"
+
+
+def test_pad_value_defaults_by_dtype() -> None:
+    assert Feature("a", "int32", (-1,), pad_to=2).pad_value == 0
+    assert Feature("a", "float16", (-1,), pad_to=2).pad_value == 0.0
+    assert Feature("a", "bool", (-1,), pad_to=2).pad_value is False
+    assert Feature("a", "string", (-1,), pad_to=2).pad_value == ""
+
+
+def test_max_array_len_grows_with_max_len_and_pad_to() -> None:
+    schema = Schema((Feature("a", "int8", (-1,), max_len=5000), Feature("b", "int8", (-1,))))
+    assert schema.max_array_len == 5000
+    assert schema.feature("b").max_len == 5000
+
+
+def test_builtin_model_refuses_strings_and_variable_length_inputs() -> None:
+    Schema.from_toml_text(TOML).check_builtin_model()
+    # A string or ragged label is refused elsewhere; inputs of those kinds need --model.
+    with pytest.raises(ConfigError) as info:
+        Schema.from_toml_text(KINDS_TOML).check_builtin_model()
+    assert info.value.setting == "model"
+    for part in ("user (string[])", "items (int64[-1])", "clicks (float32[-1, 2])", "--model"):
+        assert part in info.value.allowed
+    assert "country" in info.value.allowed and "x (" not in info.value.allowed
+
+
+def _var(**table: Any) -> dict[str, Any]:
+    return _features(v={"dtype": "int32", "shape": [-1], **table})
+
+
+@pytest.mark.parametrize(
+    ("doc", "setting", "value", "allowed"),
+    [
+        (_features(v={"dtype": "int8", "shape": [3, -1]}), "features.v.shape[1]", -1, "first"),
+        (_features(v={"dtype": "int8", "shape": [-2]}), "features.v.shape[0]", -2, "-1"),
+        (_features(v={"dtype": "int8", "max_len": 3}), "features.v.max_len", 3, "variable"),
+        (_features(v={"dtype": "int8", "pad_to": 3}), "features.v.pad_to", 3, "variable"),
+        (_var(max_len=0), "features.v.max_len", 0, "1.."),
+        (_var(max_len=2.0), "features.v.max_len", 2.0, "an integer"),
+        (_var(max_len=True), "features.v.max_len", True, "an integer"),
+        (_var(max_len=2, pad_to=3), "features.v.pad_to", 3, "at most max_len (2)"),
+        (_var(pad_value=1), "features.v.pad_value", 1, "with pad_to only"),
+        (_var(pad_to=2, pad_value=1.5), "features.v.pad_value", 1.5, "an integer"),
+        (_var(pad_to=2, pad_value=2**40), "features.v.pad_value", 2**40, "an integer in"),
+        (_var(default=3), "features.v.default", 3, "a list of rows"),
+        (_var(default=[1, "a"]), "features.v.default", "a", "a number"),
+        (_var(default=[[1]]), "features.v.default", [[1]], "rows of shape []"),
+        (_var(max_len=2, default=[1, 2, 3]), "features.v.default", [1, 2, 3], "a list of rows"),
+        (
+            _features(v={"dtype": "int8", "shape": [-1, 2], "default": [[1, 2], [3]]}),
+            "features.v.default",
+            [[1, 2], [3]],
+            "rows of shape [2]",
+        ),
+        (
+            _features(v={"dtype": "float32", "shape": [2], "default": [1.0]}),
+            "features.v.default",
+            [1.0],
+            "a list of shape [2]",
+        ),
+        (_features(v={"dtype": "bool", "default": 1}), "features.v.default", 1, "true or false"),
+        (_features(v={"dtype": "int8", "default": True}), "features.v.default", True, "a number"),
+        (_features(v={"dtype": "float16", "default": 1e6}), "features.v.default", 1e6, "range"),
+        (_features(v={"dtype": "string", "default": 5}), "features.v.default", 5, "a string"),
+        (
+            _features(v={"dtype": "string", "shape": [-1], "default": ["a", 1]}),
+            "features.v.default",
+            1,
+            "a string",
+        ),
+        (
+            _features(v={"dtype": "float64", "shape": [-1, 2**20]}),
+            "features.v.max_len",
+            2**20,
+            "bytes per feature",
+        ),
+        (
+            _features(v={"dtype": "float64", "shape": [-1, 2**20], "max_len": 2**10}),
+            "features.v.max_len",
+            2**10,
+            "bytes per feature",
+        ),
+        (
+            {**_var(max_len=100), "limits": {"max_array_len": 50}},
+            "limits.max_array_len",
+            50,
+            "features.v.max_len = 100",
+        ),
+        (
+            _features(v={"dtype": "int8", "shape": [-1], "pad_to": 2}, v_length={"dtype": "int8"}),
+            "features.v_length",
+            "v_length",
+            "length column",
+        ),
+        (
+            _features(v={"dtype": "int8", "shape": [-1]}, v_row_lengths={"dtype": "int8"}),
+            "features.v_row_lengths",
+            "v_row_lengths",
+            "row lengths",
+        ),
+        (
+            {**_features(v={"dtype": "string"}), "label": "v"},
+            "label",
+            "v",
+            "a numeric feature of fixed shape",
+        ),
+        (
+            {**_var(), "label": "v"},
+            "label",
+            "v",
+            "a numeric feature of fixed shape",
+        ),
+        (_var(size=2), "features.v.size", 2, "max_len, pad_to, pad_value, default"),
+    ],
+)
+def test_new_kinds_errors_name_setting_value_and_rule(
+    doc: Any, setting: str, value: object, allowed: str
+) -> None:
+    error = _error(doc)
+    assert error.setting == setting, error
+    assert error.value == value and type(error.value) is type(value)
+    assert allowed in error.allowed, error.allowed
+    assert setting in str(error)
+
+
+def test_every_toml_schema_in_the_readme_parses() -> None:
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    blocks = re.findall(r"```toml\n(.*?)```", readme, flags=re.S)
+    assert len(blocks) >= 3
+    for text in blocks:
+        schema = Schema.from_toml_text(text)
+        assert schema.label is not None
+    kinds = Schema.from_toml_text(max(blocks, key=len))
+    assert {f.name for f in kinds.features if f.is_ragged} == {"items", "tags", "recent"}
+    assert kinds.feature("clicks").is_padded and kinds.feature("country").default == "unknown"
