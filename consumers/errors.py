@@ -5,10 +5,13 @@ from __future__ import annotations
 __all__ = [
     "AuthenticationError",
     "BrokerUnavailableError",
+    "ClientFatalError",
     "ConfigError",
     "FencedError",
     "GroupProtocolError",
+    "GroupRepairError",
     "OffsetResetError",
+    "PipelineError",
     "ShardFailedError",
     "StreamerError",
     "TlsHandshakeError",
@@ -116,6 +119,27 @@ class FencedError(StreamerError):
         )
 
 
+class ClientFatalError(StreamerError):
+    """The Kafka client library reports a fatal error: its consumer cannot go on."""
+
+    def __init__(self, client: str, detail: str) -> None:
+        self.client = client
+        super().__init__(f"{client} fatal error: {detail}")
+
+
+class GroupRepairError(StreamerError):
+    """The broker refused to remove a member of a group with a stale assignment."""
+
+    retriable = True
+
+    def __init__(self, group_id: str, instance: str, detail: str) -> None:
+        self.group_id = group_id
+        super().__init__(
+            f"the broker refused to remove group member {instance!r} of group {group_id!r}: "
+            f"{detail}"
+        )
+
+
 class GroupProtocolError(StreamerError):
     """The group's other members use a partition assignment protocol this worker does not."""
 
@@ -142,6 +166,14 @@ class OffsetResetError(StreamerError):
             f"partitions {self.partitions} of {topic} {what} and auto_offset_reset=none; "
             "set --auto-offset-reset earliest or latest"
         )
+
+
+class PipelineError(StreamerError):
+    """The input pipeline (tf.data) failed for a reason no shard reported."""
+
+    def __init__(self, what: str, detail: str) -> None:
+        self.what = what
+        super().__init__(f"{what} failed: {detail}")
 
 
 class ShardFailedError(StreamerError):

@@ -76,10 +76,10 @@ class Shard:
     """One consumer shard: a poller thread fills a bounded queue of RecordBlocks.
 
     >>> shard = Shard(settings, shard_index=0, num_shards=2)   # doctest: +SKIP
-    >>> shard.start()
-    >>> block = shard.get(timeout=1.0)      # a RecordBlock, or None when nothing came
-    >>> shard.commit({0: block.next_offsets()[0]})
-    >>> shard.close()
+    >>> shard.start()  # doctest: +SKIP
+    >>> block = shard.get(timeout=1.0)      # a RecordBlock, or None when nothing came  # doctest: +SKIP
+    >>> shard.commit({0: block.next_offsets()[0]})  # doctest: +SKIP
+    >>> shard.close()  # doctest: +SKIP
 
     The poller keeps calling ``poll()`` however slowly blocks are taken, so a slow consumer
     never exceeds ``max_poll_interval_ms``; when ``queue_max_blocks`` blocks wait it pauses

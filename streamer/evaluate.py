@@ -137,8 +137,8 @@ class Evaluator:
     """Mean loss and compiled metrics of ``trainer``'s model over the first ``records`` records.
 
     >>> ev = Evaluator(consumer, "samples-eval", schema, trainer, records=2048)  # doctest: +SKIP
-    >>> ev.metric_names                     # ("mae",) for the built-in model
-    >>> ev.evaluate()      # EvalResult(loss, records, {"mae": ...}) or None (no records,
+    >>> ev.metric_names                     # ("mae",) for the built-in model  # doctest: +SKIP
+    >>> ev.evaluate()      # EvalResult(loss, records, {"mae": ...}) or None (no records,  # doctest: +SKIP
     ...                    # topic missing, stopped)
     """
 

@@ -115,7 +115,7 @@ class Exporter:
     """Writes numbered SavedModel versions of a Keras model into ``directory``; keeps ``keep``.
 
     >>> exporter = Exporter("/models/streamer", keep=3)                   # doctest: +SKIP
-    >>> exporter.export(model, step=1000, offsets={0: 5120, 1: 4987}, topic="samples")
+    >>> exporter.export(model, step=1000, offsets={0: 5120, 1: 4987}, topic="samples")  # doctest: +SKIP
     '/models/streamer/1000'
     """
 

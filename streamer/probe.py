@@ -20,7 +20,7 @@ class BrokerProbe:
     probe thread when the state flips.
 
     >>> probe = BrokerProbe("127.0.0.1:9092", on_change=print).start()   # doctest: +SKIP
-    >>> probe.up
+    >>> probe.up  # doctest: +SKIP
     True
     """
 

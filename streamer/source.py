@@ -14,13 +14,16 @@ import tensorflow as tf
 
 from consumers import JoinBarrier, ShardHooks, ShardLike, open_shard
 from consumers.block import RecordBlock
-from consumers.errors import ConfigError, StreamerError
+from consumers.errors import ConfigError, PipelineError, StreamerError
 from consumers.settings import ConsumerSettings
 from streamer.columns import METADATA_COLUMNS, flat_outputs, output_types, to_batch
 from streamer.decode import decode_block
 from streamer.gctune import release_free_memory
 from streamer.offsets import OffsetTracker
+from streamer.passes import PassRules
 from streamer.ragged import Column, concat_rows, num_rows
+from streamer.rejects import Rejects
+from streamer.routing import ShardRouter
 from streamer.schema import Schema
 from streamer.settings import PipelineSettings
 from streamer.shuffle import ShuffleWindow
@@ -48,120 +51,14 @@ log = logging.getLogger(__name__)
 ShardFactory = Callable[[int, int, ShardHooks], ShardLike]
 
 
-class _Hooks(ShardHooks):
-    """Routes shard events to the tracker, metrics and health of one source."""
-
-    def __init__(self, source: StreamSource) -> None:
-        self._s = source
-
-    def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        s = self._s
-        with s._lock:
-            s._owner.update(dict.fromkeys(partitions, shard_index))
-            if partitions:
-                s.topic_missing = False
-            # Kept (not popped) until the pass ends: a first assignment may be short-lived.
-            seeks = {p: s._restore[p] for p in partitions if p in s._restore}
-        if s.metrics is not None:
-            s.metrics.partitions_assigned(partitions)
-            s.metrics.rebalance("assigned")
-        return seeks
-
-    def _forget(self, shard_index: int, partitions: list[int], event: str) -> dict[int, int]:
-        """Drop the tracker state of partitions ``shard_index`` gives up; return their points.
-
-        Only partitions this shard still owns: the tracker is keyed by partition alone, and a
-        late revocation (a consumer closed after its session expired, or a child process's
-        event arriving after a sibling's assignment) must not erase the new owner's records.
-        """
-        s = self._s
-        with s._lock:
-            mine = [p for p in partitions if s._owner.get(p, shard_index) == shard_index]
-            points = s.tracker.revoke(mine)
-            for p in mine:
-                s._owner.pop(p, None)
-                if p in s._restore and p in points:
-                    # The next owner starts from what is done, not from the checkpoint again.
-                    s._restore[p] = points[p]
-        if s.metrics is not None:
-            s.metrics.partitions_revoked(mine)
-            s.metrics.rebalance(event)  # type: ignore[arg-type]
-        return points
-
-    def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        return self._forget(shard_index, partitions, "revoked")
-
-    def on_lost(self, shard_index: int, partitions: list[int]) -> None:
-        self._forget(shard_index, partitions, "lost")
-
-    def on_poll(
-        self,
-        shard_index: int,
-        records: int,
-        nbytes: int,
-        highwater: dict[int, int],
-        position: dict[int, int],
-    ) -> None:
-        s = self._s
-        if s.health is not None:
-            s.health.beat("poller")
-        m = s.metrics
-        if m is None:
-            return
-        m.observe_poll(records, nbytes, time.time())
-        for p, hw in highwater.items():
-            m.set_high_watermark(p, hw)
-        for p, pos in position.items():
-            m.set_position(p, pos)
-
-    def on_stable_offsets(self, shard_index: int, offsets: dict[int, int]) -> None:
-        m = self._s.metrics
-        if m is not None:
-            for p, off in offsets.items():
-                m.set_last_stable(p, off)
-
-    def on_commit(
-        self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
-    ) -> None:
-        if self._s.metrics is not None:
-            self._s.metrics.observe_commit(offsets, ok, seconds)
-
-    def on_topic_missing(self, shard_index: int, missing: bool) -> None:
-        with self._s._lock:
-            self._s.topic_missing = missing
-            if missing and self._s._restore:
-                # A topic that exists again is a new topic: checkpoint offsets of the old
-                # one would skip its records.
-                log.warning(
-                    "topic %r is missing: its checkpoint offsets no longer apply", self._s.topic
-                )
-                self._s._restore.clear()
-
-    def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
-        if self._s.metrics is not None:
-            self._s.metrics.seed_committed(offsets)
-
-    def on_error(self, kind: str, exc: BaseException) -> None:
-        if self._s.metrics is not None:
-            self._s.metrics.kafka_error(kind)
-
-    def on_paused(self, shard_index: int, paused: int) -> None:
-        s = self._s
-        with s._lock:
-            s._paused[shard_index] = paused
-            total = sum(s._paused.values())
-        if s.metrics is not None:
-            s.metrics.set_paused(total)
-
-
 class StreamSource:
     """The input side of the worker: shards → blocks → decode → batches of features + metadata.
 
     >>> source = StreamSource(schema, PipelineSettings(num_shards=4), consumer=settings)  # doctest: +SKIP
-    >>> for batch in source.dataset():          # one pass; iterate again for the next
+    >>> for batch in source.dataset():          # one pass; iterate again for the next  # doctest: +SKIP
     ...     train(batch); source.tracker.ack(batch["partition"], batch["offset"])
-    >>> source.commit()                         # low-watermark commit of what is done
-    >>> source.close()
+    >>> source.commit()                         # low-watermark commit of what is done  # doctest: +SKIP
+    >>> source.close()  # doctest: +SKIP
 
     Each batch is a dict of the schema's features ``[n, *shape]`` plus ``partition`` (int32),
     ``offset`` (int64) and ``timestamp`` (int64, ms) columns. Every pass calls the shard
@@ -200,10 +97,7 @@ class StreamSource:
         self.health = health
         self.dead_letter = dead_letter
         self._lock = threading.Lock()
-        self._open: list[ShardLike] = []
-        self._owner: dict[int, int] = {}
-        self._paused: dict[int, int] = {}
-        self._restore: dict[int, int] = dict(restore_offsets or {})
+        restore = dict(restore_offsets or {})
         if self.settings.start_from != "committed":
             if consumer is None:
                 log.warning(
@@ -214,18 +108,29 @@ class StreamSource:
                 from consumers.positions import start_offsets
 
                 # An explicit start position for this run wins over the checkpoint's offsets.
-                self._restore = start_offsets(consumer, self.settings.start_from)
-        self._stop_offsets: dict[int, int] | None = None
-        self._reached: set[int] = set()
+                restore = start_offsets(consumer, self.settings.start_from)
+        stop_offsets = None
         if self.settings.stop_at is not None and consumer is not None:
             from consumers.positions import start_offsets
 
-            self._stop_offsets = start_offsets(consumer, self.settings.stop_at)
-            start = self._restore
-            self._reached = {p for p, end in self._stop_offsets.items() if start.get(p, 0) >= end}
+            stop_offsets = start_offsets(consumer, self.settings.stop_at)
+        self.router = ShardRouter(
+            self.topic, self.tracker, metrics=metrics, health=health, restore=restore
+        )
+        self.rules = PassRules(
+            pass_records=self.settings.pass_records,
+            pass_seconds=self.settings.pass_seconds,
+            idle_seconds=self.settings.idle_timeout_seconds,
+            stop_offsets=stop_offsets,
+            start_offsets=restore,
+        )
+        self.rejects = Rejects(
+            self.topic,
+            self.tracker,
+            dead_letter,
+            log_per_second=self.settings.log_rejects_per_second,
+        )
         self._stop = threading.Event()
-        self._budget: int | None = None
-        self._pass_started = 0.0
         self._opened_in_pass = self.settings.num_shards  # the first shard opened starts a pass
         self._stash: dict[int, RecordBlock] = {}
         self._handles = itertools.count()
@@ -235,15 +140,8 @@ class StreamSource:
         self._undecoded = 0  # blocks handed to tf.data and not decoded yet
         self._flush_wanted = False
         self._barrier = self._new_barrier()
-        self._hooks = _Hooks(self)
-        self._reject_log_tokens = self.settings.log_rejects_per_second
-        self._reject_log_t = time.monotonic()
         self.records_emitted = 0
-        self.records_rejected = 0
         self.failure: BaseException | None = None
-        # The topic does not exist, as the last shard to look said; kept across passes (a new
-        # pass's shards have not looked yet) until a shard finds it or is assigned partitions.
-        self.topic_missing = False
         self._names = [f.name for f in schema.features]
 
     def _new_barrier(self) -> JoinBarrier:
@@ -252,8 +150,7 @@ class StreamSource:
 
     def _kafka_factory(self, consumer: ConsumerSettings) -> ShardFactory:
         def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
-            with self._lock:
-                restore = dict(self._restore)
+            restore = self.router.restore_offsets()
             return open_shard(consumer, k, n, hooks=hooks, barrier=self._barrier, restore=restore)
 
         return make
@@ -317,8 +214,7 @@ class StreamSource:
             self._begin_pass_locked()
 
     def _begin_pass_locked(self) -> None:
-        self._budget = self.settings.pass_records
-        self._pass_started = time.monotonic()
+        self.rules.begin()
         self._opened_in_pass = 0
         self._barrier = self._new_barrier()
         self._stash.clear()  # blocks a deleted iterator never decoded (their records stay pending)
@@ -326,66 +222,42 @@ class StreamSource:
         if self._window is not None:
             self._window.flush(like=[np.empty(0)])  # rows of an abandoned pass stay pending too
 
-    def _take_budget(self, n: int) -> bool:
-        """Charge ``n`` records to the pass; False once the pass budget is spent."""
-        with self._lock:
-            if self._budget is None:
-                return True
-            self._budget -= n
-            return self._budget > 0
-
-    def _budget_left(self) -> bool:
-        with self._lock:
-            return self._budget is None or self._budget > 0
-
     def _generate(self, shard_index: Any, num_shards: Any) -> Iterator[np.int64]:
         k, n = int(shard_index), int(num_shards)
         with self._lock:
             if self._opened_in_pass >= n:
                 self._begin_pass_locked()
             self._opened_in_pass += 1
-        shard = self._factory(k, n, self._hooks)
-        with self._lock:
-            self._open.append(shard)
+        rules = self.rules
+        shard = self._factory(k, n, self.router)
+        self.router.add(shard)
         empty = np.int64(_IDLE)
         ended = False
         try:
             shard.start()
             idle_since = time.monotonic()
             timeout = self.settings.get_timeout_seconds
-            pass_seconds = self.settings.pass_seconds
-            while not self._stop.is_set() and self._budget_left():
-                if (
-                    pass_seconds is not None
-                    and time.monotonic() - self._pass_started >= pass_seconds
-                ):
-                    break
+            while not self._stop.is_set() and rules.budget_left() and not rules.out_of_time():
                 block = shard.get(timeout, claim=self._claim)
-                if (
-                    block is None
-                    and self._stop_offsets is not None
-                    and not shard.joining
-                    and shard.assigned <= self._reached_set()
-                ):
+                done = rules.bounded and not shard.joining and shard.assigned <= rules.reached()
+                if block is None and done:
                     break  # replay: this shard's partitions are all at their stop offsets
                 if block is None:
                     # Joining the group takes seconds: idle time counts from the last assignment.
                     since = max(idle_since, shard.last_rebalance_monotonic)
                     if shard.joining:
                         since = idle_since = time.monotonic()
-                    if time.monotonic() - since >= self.settings.idle_timeout_seconds:
+                    if rules.idle(since):
                         break
                     # Hand the thread back to tf.data instead of blocking it while idle.
                     yield empty
                     continue
                 if not len(block):  # only markers passed, or a replay clipped it away
-                    if self._stop_offsets is not None and (
-                        self.finished or shard.assigned <= self._reached_set()
-                    ):
+                    if rules.bounded and (rules.finished or shard.assigned <= rules.reached()):
                         break
                     continue
                 idle_since = time.monotonic()
-                more = self._take_budget(len(block))
+                more = rules.take(len(block))
                 with self._lock:
                     handle = next(self._handles)
                     self._stash[handle] = block
@@ -400,8 +272,8 @@ class StreamSource:
         finally:
             # However the pass ends (exhausted, stop, error, iterator deleted) the shard closes
             # here, unless the owner lingers it to commit the last trained offsets first.
-            if not self.settings.linger:
-                self._close_shard(shard)
+            if not self.settings.linger and self.router.remove(shard):
+                shard.close()
         if ended and self._window is not None:
             yield np.int64(_FLUSH)  # this shard is done: let the shuffle window drain
 
@@ -412,8 +284,8 @@ class StreamSource:
         point the revocation reports accounts for every record this pass has taken. A replay
         clips the block to its stop offsets first (an empty block: nothing left).
         """
-        if self._stop_offsets is not None:
-            clipped = self._clip(block)
+        if self.rules.bounded:
+            clipped = self.rules.clip(block)
             if clipped is None:
                 return _EMPTY
             block = clipped
@@ -424,51 +296,19 @@ class StreamSource:
             self.records_emitted += len(block)
         return block
 
-    def _reached_set(self) -> frozenset[int]:
-        with self._lock:
-            return frozenset(self._reached)
-
     @property
     def finished(self) -> bool:
         """A bounded run (replay) has emitted every record of its range."""
-        if self._stop_offsets is None:
-            return False
-        with self._lock:
-            return self._reached >= set(self._stop_offsets)
+        return self.rules.finished
 
-    def _clip(self, block: RecordBlock) -> RecordBlock | None:
-        """Drop the records at or past the stop offsets; note partitions that got there."""
-        assert self._stop_offsets is not None
-        stops = self._stop_offsets
-        limit = np.zeros(len(block), dtype=np.int64)
-        for p in np.unique(block.partition):
-            limit[block.partition == p] = stops.get(int(p), 0)
-        keep = block.offset < limit
-        with self._lock:
-            for p, nxt in block.next_offsets().items():
-                if nxt >= stops.get(p, 0):
-                    self._reached.add(p)
-        ends = {p: min(e, stops.get(p, 0)) for p, e in block.ends.items()}
-        if keep.all() and ends == block.ends:
-            return block
-        if not keep.any() and not ends:
-            return None
-        idx = np.flatnonzero(keep)
-        return RecordBlock.from_columns(
-            block.topic,
-            [block.values[i] for i in idx],
-            block.partition[idx],
-            block.offset[idx],
-            block.timestamp_ms[idx],
-            block.serial,
-            ends,
-        )
+    @property
+    def records_rejected(self) -> int:
+        return self.rejects.count
 
-    def _close_shard(self, shard: ShardLike) -> None:
-        with self._lock:
-            if shard in self._open:
-                self._open.remove(shard)
-        shard.close()
+    @property
+    def topic_missing(self) -> bool:
+        """The topic does not exist, as the last shard to look said (readiness)."""
+        return self.router.topic_missing
 
     # ---- decode (numpy_function, parallel map) ------------------------------------------------
 
@@ -508,7 +348,7 @@ class StreamSource:
         decoded = decode_block(self.schema, values)
         kept = decoded.kept
         if decoded.rejected:
-            self._rejected(values, partition, offset, decoded.rejected)
+            self.rejects.handle(values, partition, offset, decoded.rejected)
         if self.metrics is not None:
             self.metrics.observe_decode(len(kept), decoded.reason_counts())
         out = [decoded.features[name] for name in self._names]
@@ -516,59 +356,17 @@ class StreamSource:
             return [*out, partition, offset, ts]
         return [*out, partition[kept], offset[kept], ts[kept]]
 
-    def _rejected(
-        self,
-        values: list[bytes],
-        partition: np.ndarray,
-        offset: np.ndarray,
-        rejected: list[tuple[int, str]],
-    ) -> None:
-        with self._lock:
-            self.records_rejected += len(rejected)
-        for row, reason in rejected:
-            p, o = int(partition[row]), int(offset[row])
-            if self._may_log():
-                # Never the payload: only where it came from and why.
-                log.warning("rejected record %s/%d@%d: %s", self.topic, p, o, reason)
-            if self.dead_letter is not None:
-                value = values[row]
-                self.dead_letter.send(value if value is not None else b"", self.topic, p, o, reason)
-        if self.dead_letter is None:
-            rows = np.fromiter((r for r, _ in rejected), dtype=np.int64, count=len(rejected))
-            self.tracker.ack(partition[rows], offset[rows])
-
-    def _may_log(self) -> bool:
-        now = time.monotonic()
-        rate = self.settings.log_rejects_per_second
-        with self._lock:
-            self._reject_log_tokens = min(
-                rate, self._reject_log_tokens + (now - self._reject_log_t) * rate
-            )
-            self._reject_log_t = now
-            if self._reject_log_tokens >= 1:
-                self._reject_log_tokens -= 1
-                return True
-        return False
-
     # ---- commits and lifecycle -------------------------------------------------------------
 
     def commit(self, points: dict[int, int] | None = None) -> dict[int, int]:
         """Send commit requests for what is done (default: every commit point of the tracker).
 
-        Each partition's point goes to the shard that owns it now; a partition between owners
-        (a rebalance under way) is sent again next time, and shards drop what is committed.
+        Each partition's point goes to the shard that owns it now (``ShardRouter.commit``).
         """
         if points is None:
             points = self.tracker.commit_points()
-        if not points:
-            return {}
-        with self._lock:
-            shards = list(self._open)
-        for shard in shards:
-            owned = shard.assigned
-            mine = {p: o for p, o in points.items() if p in owned}
-            if mine:
-                shard.commit(mine)
+        if points:
+            self.router.commit(points)
         return points
 
     def stop(self) -> None:
@@ -580,8 +378,15 @@ class StreamSource:
 
     @property
     def open_shards(self) -> int:
-        with self._lock:
-            return len(self._open)
+        return len(self.router.shards())
+
+    def assigned_partitions(self) -> int:
+        """How many partitions this source's shards own now (readiness)."""
+        return self.router.assigned_count()
+
+    def queued_records(self) -> int:
+        """Records waiting in the shards' queues (the shard queue-depth metric)."""
+        return self.router.queued_records()
 
     def end_pass(self) -> None:
         """Close the shards still open (lingering ones): pending commits are flushed first.
@@ -589,11 +394,7 @@ class StreamSource:
         Restored (checkpoint) offsets apply to the first pass only: its final commit carries
         the position on, and later passes start from the group's commits.
         """
-        with self._lock:
-            shards = list(self._open)
-            self._open.clear()
-            self._restore.clear()
-        for shard in shards:
+        for shard in self.router.take_all():
             try:
                 shard.close()
             except Exception as exc:
@@ -606,7 +407,7 @@ class StreamSource:
         """The next batch of a pass, or None at its end.
 
         A failed pipeline raises the error that ended its shard (a StreamerError with the
-        cause), else a StreamerError naming ``what`` and TensorFlow's message.
+        cause), else a ``PipelineError`` naming ``what`` and TensorFlow's message.
         """
         try:
             batch: dict[str, tf.Tensor] = next(iterator)
@@ -616,27 +417,17 @@ class StreamSource:
             cause = self.shard_failure()
             if isinstance(cause, StreamerError):
                 raise cause from exc
-            raise StreamerError(f"{what} failed: {exc.message}") from exc
+            raise PipelineError(what, exc.message) from exc
         return batch
 
     def shard_failure(self) -> BaseException | None:
         """The error that ended a shard of this source, if any (the cause of a failed pass)."""
-        if self.failure is not None:
-            return self.failure
-        with self._lock:
-            shards = list(self._open)
-        for shard in shards:
-            if shard.failed is not None:
-                return shard.failed
-        return None
+        return self.failure or self.router.failure()
 
     def close(self) -> None:
         self.stop()
         self.end_pass()
-        if self.dead_letter is not None:
-            # A short wait: the stop must fit in --shutdown-timeout; what is not written
-            # stays uncommitted and is read again after a restart.
-            self.dead_letter.close(timeout=5.0)
+        self.rejects.close()
 
 
 def build_dataset(

@@ -6,12 +6,9 @@ import gc
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
-from types import FrameType
 from typing import IO, Any
 
 import numpy as np
@@ -19,6 +16,8 @@ import tensorflow as tf
 
 from consumers import ShardHooks, ShardLike
 from consumers.errors import ConfigError, StreamerError
+from streamer.checkpoint import Checkpointer
+from streamer.commits import AuditLog, CommitSchedule
 from streamer.config import WorkerConfig, resolve_shard_runtime
 from streamer.evaluate import Evaluator
 from streamer.export import Exporter, serving_inputs
@@ -27,137 +26,22 @@ from streamer.health import Health, MetricsServer
 from streamer.metrics import Metrics
 from streamer.model import load_model
 from streamer.offsets import OffsetTracker
+from streamer.position import StreamPosition
 from streamer.probe import BrokerProbe
 from streamer.schema import Schema
+from streamer.signals import SignalWatch
 from streamer.simulator import RandomRecords, SimulatedShard, Task, task_named
 from streamer.source import METADATA_COLUMNS, StreamSource
+from streamer.status import StatusLine
 from streamer.tboard import ProfileWindow, TrainingSummaries
-from streamer.train import Checkpointer, Trainer, choose_strategy
+from streamer.train import Trainer, choose_strategy
 
 # How often the worker hands freed heap back to the OS (gctune.release_free_memory).
 TRIM_EVERY_S = 60.0
 
-__all__ = ["AuditLog", "Worker"]
+__all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
-
-
-class AuditLog:
-    """Appends ``topic,partition,offset`` of every trained sample; fsynced on demand.
-
-    Each step's lines reach the OS at once, before the step is acked: a commit can be sent by
-    a shard's rebalance callback at any moment (not only by the worker, which fsyncs first),
-    so only a log written before the ack is never behind a commit, even after ``kill -9``.
-    """
-
-    def __init__(self, path: str, topic: str) -> None:
-        self.path = path
-        self.topic = topic
-        self._fh = open(path, "a", encoding="ascii")  # noqa: SIM115 - kept open for the run
-
-    def add(self, partition: np.ndarray, offset: np.ndarray) -> None:
-        prefix = self.topic + ","
-        self._fh.write(
-            "".join(
-                f"{prefix}{p},{o}\n"
-                for p, o in zip(partition.tolist(), offset.tolist(), strict=True)
-            )
-        )
-        self._fh.flush()
-
-    def flush(self) -> None:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-
-    def close(self) -> None:
-        self.flush()
-        self._fh.close()
-
-
-class _Status:
-    """A live status line on a terminal, key=value log lines otherwise."""
-
-    def __init__(self, out: IO[str], interval: float, metrics: Metrics) -> None:
-        self.out = out
-        self.tty = out.isatty()
-        self.interval = 1.0 if self.tty else interval
-        self.metrics = metrics
-        self._last = time.monotonic()
-        self._last_samples = 0.0
-
-    def maybe(self, step: int, loss: float, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self.interval:
-            return
-        snap = self.metrics.snapshot()
-        rate = (snap["samples_trained"] - self._last_samples) / max(now - self._last, 1e-9)
-        self._last, self._last_samples = now, snap["samples_trained"]
-        lag = int(snap["consumer_lag_records"])
-        if self.tty:
-            self.out.write(
-                f"\rstep {step:>9,} | {rate:>9,.0f} samples/s | lag {lag:>10,} | loss {loss:.4f} "
-                f"| trained {int(snap['samples_trained']):,}   "
-            )
-            self.out.flush()
-        else:
-            log.info(
-                "progress step=%d samples_per_second=%.0f lag=%d loss=%.5f samples_trained=%d "
-                "decode_errors=%d commits=%d",
-                step,
-                rate,
-                lag,
-                loss,
-                snap["samples_trained"],
-                snap["decode_errors"],
-                snap["offset_commits_success"],
-            )
-
-    def end(self) -> None:
-        if self.tty:
-            self.out.write("\n")
-            self.out.flush()
-
-
-class _SignalWatch:
-    """Acts on SIGTERM/SIGINT at once, even while the main thread is blocked inside TensorFlow.
-
-    Python runs a signal handler only when the main thread is back in the interpreter; a
-    trainer waiting in ``next(iterator)`` for input may not be for as long as --idle-timeout.
-    The C-level handler writes each signal's number to a wakeup socket, and a thread here
-    calls ``on_signal`` with it; the Python-level handler does nothing.
-    """
-
-    def __init__(self, on_signal: Callable[[int], None], signals: tuple[int, ...]) -> None:
-        self._on_signal = on_signal
-        self._read, self._write = socket.socketpair()
-        self._write.setblocking(False)
-        self._old_handlers = {s: signal.signal(s, _ignore_here) for s in signals}
-        self._old_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
-        self._thread = threading.Thread(target=self._loop, name="streamer-signals", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while True:
-            try:
-                data = self._read.recv(64)
-            except OSError:
-                return
-            if not data:
-                return
-            for signum in data:
-                self._on_signal(signum)
-
-    def close(self) -> None:
-        signal.set_wakeup_fd(self._old_fd)
-        for s, h in self._old_handlers.items():
-            signal.signal(s, h)
-        self._write.close()  # the reader sees end of file
-        self._thread.join(1.0)
-        self._read.close()
-
-
-def _ignore_here(_signum: int, _frame: FrameType | None) -> None:
-    """The Python-level handler: _SignalWatch's thread has acted on the signal already."""
 
 
 class Worker:
@@ -184,9 +68,7 @@ class Worker:
         self.summaries: TrainingSummaries | None = None
         self.profiler: ProfileWindow | None = None
         self.evaluator: Evaluator | None = None
-        # Every partition's last committed position, kept across passes (a pass's tracker is
-        # reset when its shards close); checkpoints and exports record it.
-        self._committed_view: dict[int, int] = {}
+        self.position = StreamPosition()
 
     # ---- signals ----------------------------------------------------------------------------
 
@@ -238,13 +120,12 @@ class Worker:
                 partitions=cfg.sim_partitions,
                 rate=cfg.sim_rate,
                 record_bytes=cfg.sim_record_bytes,
-                start_offsets=self._sim_positions,
+                start_offsets=self.position.current(),
                 topic=cfg.topic,
             )
             hooks.on_assigned(k, sorted(shard.assigned))
             return shard
 
-        self._sim_positions: dict[int, int] = dict(restore)
         return make
 
     def _build(self) -> None:
@@ -284,7 +165,7 @@ class Worker:
             restored = self.checkpointer.restore()
             if restored is not None:
                 self.step, restore = restored
-        self.restored_offsets = dict(restore)
+        self.position = StreamPosition(restore)
         self.tracker = OffsetTracker()
         dead_letter = None
         if cfg.bootstrap is None:
@@ -309,7 +190,8 @@ class Worker:
             if self.checkpointer is not None and not self.checkpointer.adopt_topic_id(
                 ids.get(cfg.topic)
             ):
-                restore = self.restored_offsets = {}
+                self.position.forget_restored()
+                restore = {}
             if cfg.dead_letter_topic:
                 from consumers.admin import ensure_topic
                 from streamer.deadletter import DeadLetterWriter
@@ -370,10 +252,6 @@ class Worker:
             if window is not None:
                 self.profiler = ProfileWindow(cfg.logdir, *window)
         if cfg.eval_topic:
-            if cfg.bootstrap is None:
-                raise ConfigError(
-                    "eval_topic", cfg.eval_topic, "needs --bootstrap (the eval topic is in Kafka)"
-                )
             self.evaluator = Evaluator(
                 cfg.consumer_settings(),
                 cfg.eval_topic,
@@ -401,10 +279,7 @@ class Worker:
                 release_free_memory()
                 trimmed = time.monotonic()
             assert self.metrics is not None
-            with self.source._lock:
-                shards = list(self.source._open)
-            queued = sum(s.queued_records for s in shards)
-            self.metrics.set_queue("shard", queued, shard_capacity)
+            self.metrics.set_queue("shard", self.source.queued_records(), shard_capacity)
             # Emitted into tf.data and not yet trained: the decode/rebatch/prefetch stages
             # (autotuned by tf.data, so no fixed capacity: reported as 0).
             self.metrics.set_queue("prefetch", self.tracker.in_flight(), 0)
@@ -418,10 +293,8 @@ class Worker:
         if self.probe is not None and not self.probe.up:
             self.health.set_ready(False, f"no broker reachable at {self.config.bootstrap}")
             return
-        with self.source._lock:
-            assigned = len(self.source._owner)
-            topic_missing = self.source.topic_missing
-        if topic_missing:
+        assigned = self.source.assigned_partitions()
+        if self.source.topic_missing:
             self.health.set_ready(
                 False, f"topic {self.config.topic} does not exist (deleted?); waiting for it"
             )
@@ -436,17 +309,21 @@ class Worker:
     def run(self) -> int:
         """Run until a stop condition or signal; returns the process exit code."""
         cfg = self.config
-        watch: _SignalWatch | None = None
+        watch: SignalWatch | None = None
         if threading.current_thread() is threading.main_thread():
-            watch = _SignalWatch(self._on_signal, (signal.SIGTERM, signal.SIGINT))
+            watch = SignalWatch(self._on_signal, (signal.SIGTERM, signal.SIGINT))
         try:
             self._build()
             log.info("worker %s starting at step %d: %s", cfg.worker_id, self.step, _describe(cfg))
             assert self.metrics is not None
-            status = _Status(self.status_out, cfg.status_interval, self.metrics)
+            status = StatusLine(self.status_out, cfg.status_interval, self.metrics)
             self._status = status
-            self._last_commit_step, self._last_commit_t = self.step, time.monotonic()
-            self._last_ckpt_step, self._last_ckpt_t = self.step, time.monotonic()
+            self._commits = CommitSchedule(
+                cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
+            )
+            self._checkpoints = CommitSchedule(
+                cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, step=self.step
+            )
             while not self._stopping.is_set():
                 exhausted = self._run_pass()
                 if exhausted and self.source.finished:
@@ -560,7 +437,7 @@ class Worker:
             path = self.exporter.export(
                 self.bundle.model,
                 self.step,
-                self._positions(),
+                self.position.current(self.tracker.commit_points()),
                 self.config.topic,
                 inputs=serving_inputs(self.dataset.element_spec, self.bundle.input_names),
             )
@@ -615,29 +492,11 @@ class Worker:
     # ---- commits and checkpoints ------------------------------------------------------------
 
     def _maybe_commit(self) -> None:
-        cfg = self.config
-        now = time.monotonic()
         if self.checkpointer is not None:
-            due = (
-                self.step - self._last_ckpt_step >= cfg.checkpoint_every_steps
-                or now - self._last_ckpt_t >= cfg.checkpoint_every_seconds
-            )
-            if due:
+            if self._checkpoints.due(self.step):
                 self._checkpoint_and_commit()
-            return
-        if (
-            self.step - self._last_commit_step >= cfg.commit_every_steps
-            or now - self._last_commit_t >= cfg.commit_every_seconds
-        ):
+        elif self._commits.due(self.step):
             self._commit(self.tracker.commit_points())
-
-    def _positions(self) -> dict[int, int]:
-        """The stream position to save: restored offsets overlaid with what was done since."""
-        merged = dict(self.restored_offsets)
-        merged.update(self._committed_view)
-        merged.update(self.tracker.commit_points())
-        self._committed_view = merged
-        return merged
 
     def _commit(self, points: dict[int, int]) -> None:
         if self.audit is not None:
@@ -645,14 +504,12 @@ class Worker:
         self.source.commit(points)
         # What was committed stays known after a pass closes its shards (and their tracker
         # state): an export after the pass still records every partition's position.
-        self._committed_view = {**self._committed_view, **points}
-        if self.config.bootstrap is None:
-            self._sim_positions.update(points)
-        self._last_commit_step, self._last_commit_t = self.step, time.monotonic()
+        self.position.commit(points)
+        self._commits.done(self.step)
 
     def _checkpoint_and_commit(self) -> None:
         assert self.checkpointer is not None and self.metrics is not None
-        positions = self._positions()
+        positions = self.position.current(self.tracker.commit_points())
         if self.audit is not None:
             self.audit.flush()
         try:
@@ -665,15 +522,14 @@ class Worker:
             return
         # Kafka commits follow the checkpoint: the checkpoint is the source of truth.
         self._commit(positions)
-        self._last_ckpt_step, self._last_ckpt_t = self.step, time.monotonic()
+        self._checkpoints.done(self.step)
 
     def _end_pass(self) -> None:
         """After a pass (or on stop): checkpoint if configured, commit everything done, close shards."""
         try:
-            if self.checkpointer is not None and (
-                self._stopping.is_set() or self.step != self._last_ckpt_step
-            ):
-                if self.step != self._last_ckpt_step or not self.checkpointer.latest:
+            last = self._checkpoints.last_step
+            if self.checkpointer is not None and (self._stopping.is_set() or self.step != last):
+                if self.step != last or not self.checkpointer.latest:
                     self._checkpoint_and_commit()
             else:
                 self._commit(self.tracker.commit_points())
@@ -707,7 +563,7 @@ class Worker:
 def _describe(cfg: WorkerConfig) -> str:
     d = cfg.describe()
     if cfg.bootstrap is not None:
-        d["shard_runtime"] = resolve_shard_runtime(cfg.shard_runtime, cfg.shards)
+        d["shard_runtime"] = resolve_shard_runtime(cfg.shard_runtime, cfg.shards, cfg.kafka_client)
     keys = "bootstrap topic group shards shard_runtime batch_size checkpoint_dir metrics_port"
 
     return " ".join(f"{k}={d[k]}" for k in keys.split() if k in d)

@@ -34,10 +34,10 @@ from consumers.clients.base import (
 from consumers.errors import (
     AuthenticationError,
     BrokerUnavailableError,
+    ClientFatalError,
     ConfigError,
     FencedError,
     GroupProtocolError,
-    StreamerError,
 )
 from consumers.settings import ConsumerSettings, SecuritySettings
 
@@ -302,7 +302,7 @@ class ConfluentClient:
                 )
             return
         if error.fatal():
-            self._pending = self._pending or StreamerError(f"confluent-kafka: {error.str()}")
+            self._pending = self._pending or ClientFatalError("confluent-kafka", error.str())
             return
         log.debug("shard %d: confluent-kafka: %s", self.shard_index, error.str())
 
@@ -369,7 +369,7 @@ class ConfluentClient:
                 if "fenced" in text.lower() or "instance id" in text.lower():
                     self._pending = FencedError(self.settings.group_instance_id(self.shard_index))
                 else:
-                    self._pending = StreamerError(f"confluent-kafka fatal error: {text}")
+                    self._pending = ClientFatalError("confluent-kafka", text)
             elif code in (ck.KafkaError.UNKNOWN_TOPIC_OR_PART, ck.KafkaError._UNKNOWN_TOPIC):
                 self._topic_missing = True
             elif code == ck.KafkaError._MAX_POLL_EXCEEDED:

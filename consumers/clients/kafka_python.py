@@ -41,6 +41,7 @@ from consumers.errors import (
     BrokerUnavailableError,
     FencedError,
     GroupProtocolError,
+    GroupRepairError,
     StreamerError,
     TlsHandshakeError,
 )
@@ -633,7 +634,7 @@ def rebalance_if_stale(
     with a leader that assigns from fresh metadata, and the removed consumer rejoins on its
     own (its partitions are lost, not committed: duplicates, never a gap).
 
-    Raises ``StreamerError`` when the broker refused the removal, and kafka-python's
+    Raises ``GroupRepairError`` when the broker refused the removal, and kafka-python's
     errors when a request failed.
     """
     from kafka.admin import KafkaAdminClient, MemberToRemove
@@ -679,10 +680,7 @@ def rebalance_if_stale(
         )
         errors = [err for err in result.values() if err is not kerrors.NoError]
         if errors:
-            raise StreamerError(
-                f"the broker refused to remove group member {instance!r} of group "
-                f"{settings.group_id!r}: {errors[0].__name__}"
-            )
+            raise GroupRepairError(settings.group_id, instance, errors[0].__name__)
         return GroupCheck("repaired", frozenset(held), partitions)
     finally:
         admin.close()

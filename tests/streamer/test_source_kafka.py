@@ -356,9 +356,7 @@ def test_slow_consumer_pauses_partitions_without_rebalance(
         next(it)
         time.sleep(3.0)  # longer than max_poll_interval_ms
         paused_seen = max(paused_seen, registry.get_sample_value("streamer_paused_partitions") or 0)
-        with source._lock:
-            shards = list(source._open)
-        max_queued = max(max_queued, max(s.queued_records for s in shards))  # type: ignore[attr-defined]
+        max_queued = max(max_queued, source.queued_records())
     # Read before closing: closing the consumer revokes its partitions on purpose.
     during = rebalances() - before
     del it

@@ -333,9 +333,10 @@ def test_restart_restores_step_offsets_and_model_from_the_checkpoint(
 
     # The checkpoint, read with the worker's own Checkpointer, holds the last step and the
     # end offsets (everything was trained); the commits agree with it.
+    from streamer.checkpoint import Checkpointer
     from streamer.model import load_model
     from streamer.simulator import SimulatorTask
-    from streamer.train import Checkpointer, Trainer
+    from streamer.train import Trainer
 
     bundle = load_model(None, SimulatorTask().schema())
     Trainer(bundle)  # builds the optimizer's slots, which the checkpoint holds too
