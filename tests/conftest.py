@@ -85,3 +85,17 @@ def make_topic(kafka_bootstrap: str) -> Iterator[Callable[..., str]]:
 def group_id() -> str:
     """A fresh consumer group id."""
     return f"g-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_left_behind() -> Iterator[None]:
+    """A test that fails half-way leaves no worker process running into the next tests."""
+    from tests.workerutil import WorkerProcess
+
+    yield
+    while WorkerProcess.started:
+        worker = WorkerProcess.started.pop()
+        try:
+            worker.kill()
+        except Exception as exc:  # reaping is best effort
+            print(f"could not kill worker {worker.pid}: {exc}")

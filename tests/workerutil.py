@@ -38,10 +38,14 @@ class WorkerProcess:
     >>> assert w.wait(120) == 0
     """
 
+    #: Every worker a test started: the conftest kills those still alive after each test.
+    started: list[WorkerProcess] = []
+
     def __init__(self, proc: subprocess.Popen[bytes], log_path: Path, argv: list[str]) -> None:
         self.proc = proc
         self.log_path = log_path
         self.argv = argv
+        WorkerProcess.started.append(self)
 
     @classmethod
     def start(cls, args: Sequence[str], log_path: Path) -> WorkerProcess:

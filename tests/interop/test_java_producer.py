@@ -133,29 +133,32 @@ def _run_to_idle(
         extra=["--idle-timeout", "3", "--metrics-port", str(free_port()), *extra],
     )
     worker = start_worker(args, tmp_path / "worker.log")
-    base = metrics_base(worker)
-
-    def committed() -> dict[int, float]:
-        status, body = http_get(f"{base}/metrics")
-        if status != 200:
-            return {}
-        samples = parse_metrics(body).get("streamer_partition_committed_offset", [])
-        return {int(lb["partition"]): v for lb, v in samples}
-
-    last: list[dict[int, float]] = [{}]
-
-    def caught_up() -> bool:
-        last[0] = committed()
-        return last[0] == {p: float(e) for p, e in topic.ends.items()}
-
     try:
-        worker.wait_for(caught_up, 120, f"commits at the log ends {topic.ends}")
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\nlast committed offsets on /metrics: {last[0]}") from None
-    if on_caught_up is not None:
-        on_caught_up(base)
-    worker.terminate()
-    assert worker.wait(60) == 0, worker.tail()
+        base = metrics_base(worker)
+
+        def committed() -> dict[int, float]:
+            status, body = http_get(f"{base}/metrics")
+            if status != 200:
+                return {}
+            samples = parse_metrics(body).get("streamer_partition_committed_offset", [])
+            return {int(lb["partition"]): v for lb, v in samples}
+
+        last: list[dict[int, float]] = [{}]
+
+        def caught_up() -> bool:
+            last[0] = committed()
+            return last[0] == {p: float(e) for p, e in topic.ends.items()}
+
+        try:
+            worker.wait_for(caught_up, 120, f"commits at the log ends {topic.ends}")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nlast committed offsets on /metrics: {last[0]}") from None
+        if on_caught_up is not None:
+            on_caught_up(base)
+        worker.terminate()
+        assert worker.wait(60) == 0, worker.tail()
+    finally:
+        worker.kill()  # a no-op once it exited; never a worker left behind by a failure
     return audit
 
 

@@ -79,52 +79,55 @@ def test_a_missing_dead_letter_topic_fails_writes_without_stopping_training(
         ],
     )
     worker = start_worker(args, tmp_path / "worker.log")
-    base = metrics_base(worker)
-    first = _produce(kafka_bootstrap, topic, 0, [True] * 20 + [False] + [True] * 20)
-    worker.wait_for(
-        lambda: committed_offsets(kafka_bootstrap, group_id, topic).get(0) == first[-1] + 1,
-        120,
-        "the first records committed (the bad one dead-lettered)",
-    )
-    assert _sample(base, "streamer_records_dead_lettered_total") == 1
+    try:
+        base = metrics_base(worker)
+        first = _produce(kafka_bootstrap, topic, 0, [True] * 20 + [False] + [True] * 20)
+        worker.wait_for(
+            lambda: committed_offsets(kafka_bootstrap, group_id, topic).get(0) == first[-1] + 1,
+            120,
+            "the first records committed (the bad one dead-lettered)",
+        )
+        assert _sample(base, "streamer_records_dead_lettered_total") == 1
 
-    kafka_admin.delete_topics([dead])  # the broker creates no topic on its own
-    wait_until(lambda: dead not in kafka_admin.list_topics(), 30, "the dead-letter topic gone")
-    second = _produce(kafka_bootstrap, topic, 0, [True] * 10 + [False] + [True] * 30)
-    bad_offset = second[10]
-    worker.wait_for(
-        lambda: (
-            read_audit(audit, topic).keys() >= {(0, o) for i, o in enumerate(second) if i != 10}
-        ),
-        60,
-        "the good records after the rejected one trained",
-    )
-    worker.wait_for(
-        lambda: _sample(base, "streamer_kafka_errors_total", type="dead_letter") >= 1,
-        60,
-        "the failed dead-letter write counted",
-    )
-    assert _sample(base, "streamer_queue_depth_records", stage="dead_letter") == 1
-    # Passes end after 2 s without records and read on from the commit point: the rejected
-    # record again (not queued twice), the good ones after it too (trained again: at least
-    # once). The commit point stays at the rejected record.
-    time.sleep(5)
-    assert _sample(base, "streamer_queue_depth_records", stage="dead_letter") == 1
-    assert committed_offsets(kafka_bootstrap, group_id, topic)[0] == bad_offset
-    assert worker.alive()
+        kafka_admin.delete_topics([dead])  # the broker creates no topic on its own
+        wait_until(lambda: dead not in kafka_admin.list_topics(), 30, "the dead-letter topic gone")
+        second = _produce(kafka_bootstrap, topic, 0, [True] * 10 + [False] + [True] * 30)
+        bad_offset = second[10]
+        worker.wait_for(
+            lambda: (
+                read_audit(audit, topic).keys() >= {(0, o) for i, o in enumerate(second) if i != 10}
+            ),
+            60,
+            "the good records after the rejected one trained",
+        )
+        worker.wait_for(
+            lambda: _sample(base, "streamer_kafka_errors_total", type="dead_letter") >= 1,
+            60,
+            "the failed dead-letter write counted",
+        )
+        assert _sample(base, "streamer_queue_depth_records", stage="dead_letter") == 1
+        # Passes end after 2 s without records and read on from the commit point: the rejected
+        # record again (not queued twice), the good ones after it too (trained again: at least
+        # once). The commit point stays at the rejected record.
+        time.sleep(5)
+        assert _sample(base, "streamer_queue_depth_records", stage="dead_letter") == 1
+        assert committed_offsets(kafka_bootstrap, group_id, topic)[0] == bad_offset
+        assert worker.alive()
 
-    kafka_admin.create_topics({dead: {"num_partitions": 1, "replication_factor": 1}})
-    worker.wait_for(
-        lambda: committed_offsets(kafka_bootstrap, group_id, topic).get(0) == second[-1] + 1,
-        90,
-        "the retried write acknowledged and the commits at the end",
-    )
-    # Written once it could be; a pass that ended while the write waited may have read it again
-    # and written it a second time (dead letters are at least once, like training).
-    assert _sample(base, "streamer_records_dead_lettered_total") >= 2
-    assert _sample(base, "streamer_queue_depth_records", stage="dead_letter") == 0
-    worker.terminate()
-    assert worker.wait(60) == 0
+        kafka_admin.create_topics({dead: {"num_partitions": 1, "replication_factor": 1}})
+        worker.wait_for(
+            lambda: committed_offsets(kafka_bootstrap, group_id, topic).get(0) == second[-1] + 1,
+            90,
+            "the retried write acknowledged and the commits at the end",
+        )
+        # Written once it could be; a pass that ended while the write waited may have read it again
+        # and written it a second time (dead letters are at least once, like training).
+        assert _sample(base, "streamer_records_dead_lettered_total") >= 2
+        assert _sample(base, "streamer_queue_depth_records", stage="dead_letter") == 0
+        worker.terminate()
+        assert worker.wait(60) == 0
+    finally:
+        worker.kill()
     assert "dead-letter write to" in worker.log()
 
 
