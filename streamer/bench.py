@@ -32,7 +32,14 @@ MODES = (
     "pipeline-process",
     "worker",
     "worker-process",
+    "raw-confluent",
+    "pipeline-confluent",
+    "pipeline-confluent-process",
+    "worker-confluent",
 )
+#: The modes run when none are named: every mode of kafka-python, and confluent-kafka's when
+#: the package is installed (``pip install 'streamer[confluent]'``).
+DEFAULT_MODES = MODES[:7]
 SHUFFLE_BUFFER = 10_000  # records in the shuffle window of the pipeline-shuffle mode
 #: The modes that take any schema (``--schema``/``--task``); naive and worker are the
 #: regression task's (one decode per record of its two features; the built-in model).
@@ -91,6 +98,17 @@ class BenchResult:
             out[key] = statistics.median(waits)
         if "worker-process" in med and "worker" in med:
             out["ratio_worker_process_worker"] = med["worker-process"] / med["worker"]
+        for num, den in (
+            ("pipeline-confluent", "raw-confluent"),
+            ("pipeline-confluent", "pipeline-process"),
+            ("pipeline-confluent", "pipeline"),
+            ("pipeline-confluent-process", "pipeline-confluent"),
+            ("worker-confluent", "worker-process"),
+            ("worker-confluent", "worker"),
+            ("raw-confluent", "raw"),
+        ):
+            if num in med and den in med:
+                out[f"ratio_{num}_{den}".replace("-", "_")] = med[num] / med[den]
         if self.task is not None:
             out["task"] = self.task
             out["baseline_topic"] = self.baseline_topic
@@ -169,7 +187,7 @@ def _settings(
 
 def bench_raw(cs: ConsumerSettings, n: int) -> float:
     """A plain poll loop with the same consumer settings, touching every value."""
-    from consumers.clients.kafka_python import read_values
+    from consumers.clients import read_values
 
     got = 0
     touched = 0
@@ -189,7 +207,7 @@ def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
     """The textbook pipeline: one record per generator call, one numpy_function per record."""
     import tensorflow as tf
 
-    from consumers.clients.kafka_python import read_values
+    from consumers.clients import read_values
     from streamer.decode import decode_block
     from streamer.simulator import SimulatorTask
 
@@ -275,6 +293,7 @@ def bench_worker(
             "partitions": ",".join(str(p) for p in cs.partitions or ()),
             "shards": str(cs.num_shards),
             "shard_runtime": runtime,
+            "kafka_client": cs.client,
             "batch_size": str(batch_size),
             "pass_records": str(n),
             "stop_after_idle": "3",
@@ -424,6 +443,9 @@ def run_bench(
         def process(cs: ConsumerSettings) -> ConsumerSettings:
             return dataclasses.replace(cs, shard_runtime="process")
 
+        def confluent(cs: ConsumerSettings) -> ConsumerSettings:
+            return dataclasses.replace(cs, client="confluent")
+
         return {
             "raw": lambda cs: bench_raw(cs, records),
             "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
@@ -434,6 +456,12 @@ def run_bench(
             "pipeline-process": lambda cs: bench_pipeline(process(cs), records, schema=sch),
             "worker": lambda cs: bench_worker(cs, records),
             "worker-process": lambda cs: bench_worker(cs, records, runtime="process"),
+            "raw-confluent": lambda cs: bench_raw(confluent(cs), records),
+            "pipeline-confluent": lambda cs: bench_pipeline(confluent(cs), records, schema=sch),
+            "pipeline-confluent-process": lambda cs: bench_pipeline(
+                process(confluent(cs)), records, schema=sch
+            ),
+            "worker-confluent": lambda cs: bench_worker(confluent(cs), records),
         }[mode]
 
     # (key in the result, topic, how to measure it)
@@ -505,6 +533,8 @@ def format_table(summary: dict[str, Any]) -> str:
         "ratio_worker_process_worker",
         "worker_process_input_wait_fraction",
         *(f"ratio_{m.replace('-', '_')}_fixed{p}" for m in SCHEMA_MODES for p in ("", "_paired")),
+        *(k for k in summary if k.startswith("ratio_") and "confluent" in k),
+        *(k for k in summary if k.endswith("_input_wait_fraction") and "confluent" in k),
     ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")

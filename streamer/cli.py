@@ -21,7 +21,7 @@ log = logging.getLogger("streamer")
 
 #: Kafka's compression codecs, all readable by the worker (DESIGN section 3).
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
-_ALL_MODES = "raw,naive,pipeline,pipeline-shuffle,pipeline-process,worker,worker-process"
+_ALL_MODES = "default"
 
 
 class _JsonFormatter(logging.Formatter):
@@ -210,11 +210,14 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--modes",
         default=_ALL_MODES,
-        help="comma-separated subset of raw, naive, pipeline, pipeline-shuffle (a 10,000-record "
-        "shuffle window), pipeline-process (shards in child processes), worker (the default "
-        "model, thread shards), worker-process (the same, shards in child processes) "
-        "[default: all seven; with --schema or --task the four that take any schema: raw, "
-        "pipeline, pipeline-shuffle, pipeline-process]",
+        help="comma-separated subset of raw (a plain kafka-python poll loop), naive (one record "
+        "per generator call and numpy_function), pipeline (ours, thread shards), "
+        "pipeline-shuffle (a 10,000-record shuffle window), pipeline-process (shards in child "
+        "processes), worker (the default model, thread shards), worker-process (the same, "
+        "shards in child processes), raw-confluent, pipeline-confluent, "
+        "pipeline-confluent-process and worker-confluent (the same with confluent-kafka) "
+        "[default: the seven kafka-python modes; with --schema or --task the four that take "
+        "any schema: raw, pipeline, pipeline-shuffle, pipeline-process]",
     )
     bench.add_argument(
         "--naive-records",
@@ -257,9 +260,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
-    from streamer.bench import MODES, SCHEMA_MODES, format_table, run_bench
+    from streamer.bench import DEFAULT_MODES, MODES, SCHEMA_MODES, format_table, run_bench
 
-    modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    modes = (
+        DEFAULT_MODES
+        if args.modes == _ALL_MODES
+        else tuple(m.strip() for m in args.modes.split(",") if m.strip())
+    )
     task: Task | None = None
     task_name: str | None = None
     allowed: tuple[str, ...] = MODES

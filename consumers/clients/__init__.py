@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from consumers.clients.base import ConsumerClient
 from consumers.settings import ConsumerSettings
 
-__all__ = ["open_client"]
+__all__ = ["open_client", "read_values"]
 
 
 def open_client(settings: ConsumerSettings, shard_index: int) -> ConsumerClient:
@@ -20,3 +22,15 @@ def open_client(settings: ConsumerSettings, shard_index: int) -> ConsumerClient:
     from consumers.clients.kafka_python import open_client as open_kafka_python
 
     return open_kafka_python(settings, shard_index)
+
+
+def read_values(settings: ConsumerSettings) -> Iterator[list[bytes]]:
+    """The values of ``settings.partitions`` from their beginning, one list per poll, in the
+    library's plain loop (no group, no shard): the benchmark's reference for a client's cost."""
+    if settings.client == "confluent":
+        from consumers.clients.confluent import read_values as read_confluent
+
+        return read_confluent(settings)
+    from consumers.clients.kafka_python import read_values as read_kafka_python
+
+    return read_kafka_python(settings)
