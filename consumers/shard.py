@@ -439,6 +439,14 @@ class Shard:
                 continue
             covered = max(known)
             if pos is not None and pos > covered:
+                log.debug(
+                    "shard %d: partition %d: position %d past %d (last %s)",
+                    self.shard_index,
+                    p,
+                    pos,
+                    covered,
+                    last.get(p),
+                )
                 ends[p] = covered = pos
             self._covered[p] = covered
         return ends
@@ -541,6 +549,8 @@ class Shard:
     def _on_assigned(self, partitions: list[int]) -> dict[int, int]:
         """Partitions were assigned; returns where to start them (the client seeks)."""
         self.last_rebalance_monotonic = time.monotonic()
+        if not partitions and self.settings.mode == "group" and self._assigned_set:
+            return {}  # a cooperative round that gives this member nothing more: no change
         with self._lock:
             self.serial += 1
             # Added to what is kept: all of it with an eager protocol (everything was revoked
@@ -552,10 +562,12 @@ class Shard:
                 self._covered.pop(p, None)
             if self.settings.mode == "group":
                 self._unseeded |= set(partitions)
-            # A client may keep the position of a partition that stays with this consumer
-            # across a rebalance; records dropped at revoke must be fetched again.
-            rewind = {p: o for p, o in self._rewind.items() if p in partitions}
-            self._rewind.clear()
+            # A client keeps the position of a partition that comes back to this consumer
+            # (kafka-python across an eager rebalance, librdkafka across an incremental
+            # unassign and assign): records dropped at revoke must be fetched again. The
+            # rewinds of other partitions wait: a cooperative rebalance assigns in steps, and
+            # an assignment of nothing is common.
+            rewind = {p: self._rewind.pop(p) for p in partitions if p in self._rewind}
         log.info(
             "shard %d: assigned partitions %s of %s",
             self.shard_index,

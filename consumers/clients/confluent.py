@@ -229,6 +229,9 @@ class ConfluentClient:
             for tp in tps:
                 if tp.partition in seeks:
                     tp.offset = seeks[tp.partition]  # a seek in this callback would fail
+            log.debug(
+                "shard %d: assign %s", self.shard_index, [(tp.partition, tp.offset) for tp in tps]
+            )
             if self._cooperative:
                 consumer.incremental_assign(tps)
             else:
