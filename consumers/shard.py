@@ -23,6 +23,7 @@ from consumers.clients.base import (
     RetriableClientError,
 )
 from consumers.commits import CommitBook
+from consumers.coverage import Coverage
 from consumers.errors import (
     AuthenticationError,
     BrokerUnavailableError,
@@ -124,9 +125,9 @@ class Shard:
         self.serial = 0
         #: Seeks made by assignments during the current poll() (see _drop_across_rebalance).
         self._sought: dict[int, int] = {}
-        #: Per partition, the offset up to which records (or ends) were handed over since
-        #: the partition was assigned or sought (see _ends).
-        self._covered: dict[int, int] = {}
+        #: How far records (or ends) were handed over since assignment or a seek.
+        self._coverage = Coverage()
+        self._started: dict[int, int] = {}  # sought at assignment, nothing handed over yet
         self._position: dict[int, int] = {}
         self._unseeded: set[int] = set()  # assigned, the group's commit not read yet
         self._stop = threading.Event()
@@ -392,7 +393,12 @@ class Shard:
         with self._lock:
             for p, first in firsts.items():
                 self._first_emitted.setdefault(p, first)
-            ends = self._ends(last, positions)
+                self._started.pop(p, None)
+            owned = self._assigned_set
+            ends = self._coverage.ends(
+                {p: o for p, o in last.items() if p in owned},
+                {p: o for p, o in positions.items() if p in owned},
+            )
             for p, off in positions.items():
                 if p in self._assigned_set:
                     self._position[p] = off
@@ -422,35 +428,6 @@ class Shard:
             position,
         )
 
-    def _ends(self, last: dict[int, int], positions: dict[int, int]) -> dict[int, int]:
-        """Partitions whose consumer position moved past the records handed over (caller holds
-        the lock): transaction markers, aborted transactions and compacted gaps hold offsets
-        that no record fills. The first position seen after an assignment or a seek only
-        marks where the partition starts."""
-        ends: dict[int, int] = {}
-        for p in set(last) | set(positions):
-            if p not in self._assigned_set:
-                continue
-            pos = positions.get(p)
-            known = [x for x in (self._covered.get(p), last.get(p)) if x is not None]
-            if not known:
-                if pos is not None:
-                    self._covered[p] = pos
-                continue
-            covered = max(known)
-            if pos is not None and pos > covered:
-                log.debug(
-                    "shard %d: partition %d: position %d past %d (last %s)",
-                    self.shard_index,
-                    p,
-                    pos,
-                    covered,
-                    last.get(p),
-                )
-                ends[p] = covered = pos
-            self._covered[p] = covered
-        return ends
-
     def _drop_across_rebalance(self, client: ConsumerClient, block: RecordBlock) -> None:
         """A rebalance ran while ``poll()`` did: drop what it returned and fetch it again.
 
@@ -465,7 +442,7 @@ class Shard:
                 if p in owned:
                     # Never past a seek the assignment made (a rewind or a checkpoint).
                     client.seek(p, min(low, self._sought.get(p, low)))
-                    self._covered.pop(p, None)
+                    self._coverage.forget(p)
                 else:
                     self._rewind[p] = min(low, self._rewind.get(p, low))
         log.debug("shard %d: dropped a poll that raced a rebalance", self.shard_index)
@@ -493,7 +470,7 @@ class Shard:
             raise OffsetResetError(self._topic, partitions, bool(out_of_range))
         with self._lock:
             for p in partitions:
-                self._covered.pop(p, None)
+                self._coverage.forget(p)
         client.seek_to(partitions, policy)
 
     # ---- flow control ------------------------------------------------------------------------
@@ -559,7 +536,7 @@ class Shard:
             self._book.forget(partitions, requests=False)
             for p in partitions:
                 self._first_emitted.pop(p, None)
-                self._covered.pop(p, None)
+                self._coverage.forget(p)
             if self.settings.mode == "group":
                 self._unseeded |= set(partitions)
             # A client keeps the position of a partition that comes back to this consumer
@@ -598,6 +575,9 @@ class Shard:
         with self._lock:
             for p, off in seeks.items():
                 self._sought[p] = min(off, self._sought.get(p, off))
+                # Where it starts, until a record of it is handed over: a partition revoked
+                # again before that must come back here, not where its client last was.
+                self._started[p] = off
         return seeks
 
     def _on_revoked(self, partitions: list[int], *, lost: bool) -> None:
@@ -618,7 +598,7 @@ class Shard:
                 self._rewind[p] = min(off, self._rewind.get(p, off))
             for p in gone:
                 self._position.pop(p, None)
-                self._covered.pop(p, None)
+                self._coverage.forget(p)
             if lost:
                 log.warning(
                     "shard %d: partitions %s lost (not committing)",
@@ -633,6 +613,9 @@ class Shard:
             known = self._book.forget(gone)
             for p in gone:
                 first = self._first_emitted.pop(p, None)
+                if first is None:
+                    first = self._started.get(p)
+                self._started.pop(p, None)
                 low = commits.get(p, known.get(p) if p in known and lost else first)
                 if low is not None:
                     self._rewind[p] = min(low, self._rewind.get(p, low))
@@ -690,7 +673,7 @@ class Shard:
                 self._book.clear_requests()
                 self._rewind.clear()
                 self._position.clear()
-                self._covered.clear()
+                self._coverage.clear()
 
     def _drop_topic(self, client: ConsumerClient) -> None:
         """The topic was deleted: drop its partitions (nothing to commit), close the consumer."""

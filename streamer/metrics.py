@@ -136,17 +136,15 @@ class _PartitionState:
     trained: int = 0
     last_trained_ms: int = -1
     position: int = 0
-    #: read_committed: the last stable offset as last read (None: not read, or
-    #: read_uncommitted, where the high watermark is what can be read).
-    stable: int | None = None
+    #: read_committed: how far the last stable offset was below the high watermark when last
+    #: read (the records of transactions still open); 0 under read_uncommitted.
+    unstable: int = 0
 
     def readable(self) -> int:
-        """The end of what this isolation level can read: the high watermark, or under
-        read_committed the last stable offset (at least the position, which only ever
-        follows it: a stable offset read a moment ago may be behind)."""
-        if self.stable is None:
-            return self.high_watermark
-        return min(self.high_watermark, max(self.stable, self.position))
+        """The end of what this isolation level can read: the high watermark less the open
+        transactions' records as last read (every 2 s), never below the position (which
+        only ever follows the last stable offset)."""
+        return min(self.high_watermark, max(self.high_watermark - self.unstable, self.position))
 
 
 class Metrics:
@@ -386,12 +384,17 @@ class Metrics:
             self._update_lag(partition, state)
 
     def set_last_stable(self, partition: int, offset: int) -> None:
-        """read_committed: the partition's last stable offset; lag counts up to it."""
+        """read_committed: the partition's last stable offset; lag counts up to it.
+
+        Kept as its distance below the high watermark: the watermark moves with every poll,
+        the stable offset is read every few seconds; a topic without transactions always reads
+        its high watermark, never a stale stable offset.
+        """
         with self._lock:
             state = self._partitions.get(partition)
             if state is None:
                 return
-            state.stable = offset
+            state.unstable = max(0, state.high_watermark - offset)
             self._update_lag(partition, state)
 
     def set_position(self, partition: int, offset: int) -> None:

@@ -94,16 +94,17 @@ class Ownership:
 def ownership(events: list[ShardEvent], log_end: dict[str, float]) -> list[Ownership]:
     """Per partition, the intervals during which one shard of one worker held it.
 
-    An interval opens at the ``assigned`` line that gives the partition to a shard and closes
-    at the line that takes it away (``revoked``/``lost``, or an assignment without it), else
-    at the last line of that worker's log.
+    An interval opens at the ``assigned`` line that gives the partition to a shard (an
+    assignment adds partitions: all of them after an eager revocation, those that moved in a
+    cooperative rebalance) and closes at the line that takes it away (``revoked``/``lost``),
+    else at the last line of that worker's log.
     """
     held: dict[tuple[str, int], dict[int, float]] = {}
     out: list[Ownership] = []
     for ev in sorted(events, key=lambda e: e.t):
         owner = (ev.worker, ev.shard)
         mine = held.setdefault(owner, {})
-        closing = set(mine) - ev.partitions if ev.kind == "assigned" else ev.partitions & set(mine)
+        closing = set() if ev.kind == "assigned" else ev.partitions & set(mine)
         for p in sorted(closing):
             out.append(Ownership(p, owner, mine.pop(p), ev.t))
         if ev.kind == "assigned":
@@ -322,8 +323,8 @@ def test_second_worker_joins_then_leaves_nothing_lost_one_owner_at_a_time(
         def a_holds_all() -> bool:
             held: dict[int, set[int]] = {}
             for ev in shard_events("a", a.log()):
-                if ev.kind == "assigned":
-                    held[ev.shard] = set(ev.partitions)
+                if ev.kind == "assigned":  # adds (eager: after revoking everything)
+                    held[ev.shard] = held.get(ev.shard, set()) | ev.partitions
                 else:
                     held[ev.shard] = held.get(ev.shard, set()) - ev.partitions
             return set().union(*held.values()) == set(range(PARTITIONS)) if held else False

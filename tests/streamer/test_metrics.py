@@ -218,20 +218,21 @@ def test_read_committed_lag_counts_up_to_the_last_stable_offset() -> None:
     m.partitions_assigned([0])
     m.set_high_watermark(0, 100)
     m.observe_trained([0], [59], [0], NOW)
-    assert m.lag(0) == 40.0  # read_uncommitted: up to the high watermark
+    assert m.lag(0) == 40.0  # read_uncommitted, or no transaction: up to the high watermark
     assert value(m, "streamer_partition_last_stable_offset", **pl(0)) == 100.0
-    # A transaction opened at offset 70 and still open: its records cannot be read yet.
+    # A transaction opened at offset 70 and still open: its 30 records cannot be read yet.
     m.set_last_stable(0, 70)
     assert m.lag(0) == 10.0
     assert value(m, "streamer_partition_last_stable_offset", **pl(0)) == 70.0
-    # A stable offset read a moment ago lags the consumer's position: the position wins.
+    # The consumer's position follows the stable offset: never below it.
     m.set_position(0, 80)
     assert m.lag(0) == 20.0
-    assert value(m, "streamer_partition_last_stable_offset", **pl(0)) == 80.0
-    # Never past the high watermark, never negative.
-    m.set_last_stable(0, 150)
+    # The transaction commits: the next reading says so.
+    m.set_last_stable(0, 100)
     assert m.lag(0) == 40.0
-    m.observe_commit({0: 100}, ok=True, seconds=0.001)
+    m.set_high_watermark(0, 150)  # a topic without open transactions follows its watermark
+    assert m.lag(0) == 90.0
+    m.observe_commit({0: 150}, ok=True, seconds=0.001)
     assert m.lag(0) == 0.0
 
 
