@@ -89,12 +89,14 @@ def group_id() -> str:
 
 @pytest.fixture(autouse=True)
 def _no_worker_left_behind() -> Iterator[None]:
-    """A test that fails half-way leaves no worker process running into the next tests."""
+    """A test that fails half-way leaves no worker process it started running into the next
+    tests (workers of module-scoped fixtures were started before, and are theirs to stop)."""
     from tests.workerutil import WorkerProcess
 
+    before = len(WorkerProcess.started)
     yield
-    while WorkerProcess.started:
-        worker = WorkerProcess.started.pop()
+    mine, WorkerProcess.started[before:] = WorkerProcess.started[before:], []
+    for worker in mine:
         try:
             worker.kill()
         except Exception as exc:  # reaping is best effort
