@@ -270,9 +270,17 @@ class Shard:
         """
         backoff = 1.0
         while not self._stop.is_set():
+            client: ConsumerClient | None = None
             try:
                 client = self._open_client(self.settings, self.shard_index)
+                # Fetch the topic's metadata first: a group leader without it assigns nothing
+                # and the group only rebalances again at the next metadata refresh (minutes).
+                # A static member that rejoins gets its old assignment back from the
+                # coordinator even when the topic is gone: never subscribe to a missing topic.
+                exists = client.topic_partitions(refresh=True)
             except BrokerUnavailableError as exc:
+                if client is not None:
+                    client.close(5000)
                 self.hooks.on_error("connection", exc)
                 log.warning("shard %d: %s; retrying in %.0fs", self.shard_index, exc, backoff)
                 self._stop.wait(backoff)
@@ -280,11 +288,7 @@ class Shard:
                 continue
             parts: list[int] = []
             try:
-                # Fetch the topic's metadata first: a group leader without it assigns nothing
-                # and the group only rebalances again at the next metadata refresh (minutes).
-                # A static member that rejoins gets its old assignment back from the
-                # coordinator even when the topic is gone: never subscribe to a missing topic.
-                if not client.topic_partitions(refresh=True):
+                if not exists:
                     client.close(5000)
                     self._wait_for_topic(backoff)
                     backoff = min(backoff * 2, 30.0)

@@ -39,6 +39,7 @@ from consumers.errors import (
     FencedError,
     GroupProtocolError,
 )
+from consumers.logs import quiet
 from consumers.settings import ConsumerSettings, SecuritySettings
 
 try:
@@ -136,6 +137,9 @@ def _raise_config_error(settings: ConsumerSettings, exc: BaseException) -> None:
 
 
 def open_client(settings: ConsumerSettings, shard_index: int) -> ConfluentClient:
+    # librdkafka logs a refused connection at ERROR about 20 times a second while a broker is
+    # down: at most WARNING, and each message once per 10 s (the shard says what it does).
+    quiet("confluent_kafka", fold_numbers=True, max_level=logging.WARNING)
     return ConfluentClient(settings, shard_index)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -45,6 +44,7 @@ from consumers.errors import (
     StreamerError,
     TlsHandshakeError,
 )
+from consumers.logs import quiet
 from consumers.settings import ConsumerSettings, SecuritySettings
 
 __all__ = [
@@ -91,43 +91,16 @@ _STABLE_RETRY_S = 10.0
 # ---- logs ---------------------------------------------------------------------------------
 
 
-class _RepeatFilter(logging.Filter):
-    """Lets an identical WARNING/ERROR record of a logger through at most once per ``every_s``.
+def quiet_logs() -> None:
+    """Rate-limit kafka-python's repeated WARNING/ERROR lines (idempotent).
 
     kafka-python refreshes metadata every ``retry_backoff_ms`` (100 ms) while a subscribed
     topic is unknown, and ``kafka.cluster`` logs "Topic ... not found in cluster metadata" at
-    ERROR on each refresh; the shard's own WARNING says what happened and what it does. A
-    sync commit for a deleted topic is retried (and logged) every 100 ms until its timeout.
-    Records differ in their arguments: distinct errors still all get through.
+    ERROR on each refresh; a sync commit for a deleted topic is retried (and logged) every
+    100 ms until its timeout.
     """
-
-    def __init__(self, every_s: float = 10.0) -> None:
-        super().__init__()
-        self.every_s = every_s
-        self._seen: dict[tuple[str, str], float] = {}
-        self._lock = threading.Lock()
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.WARNING:
-            return True
-        key = (str(record.msg), repr(record.args))
-        now = time.monotonic()
-        with self._lock:
-            last = self._seen.get(key)
-            if last is not None and now - last < self.every_s:
-                return False
-            if len(self._seen) > 1000:
-                self._seen.clear()
-            self._seen[key] = now
-        return True
-
-
-def quiet_logs() -> None:
-    """Rate-limit kafka-python's repeated WARNING/ERROR lines (idempotent)."""
     for name in ("kafka.cluster", "kafka.coordinator.consumer"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _RepeatFilter) for f in logger.filters):
-            logger.addFilter(_RepeatFilter())
+        quiet(name)
 
 
 # ---- configuration and connecting ---------------------------------------------------------

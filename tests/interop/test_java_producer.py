@@ -162,8 +162,9 @@ def _run_to_idle(
     return audit
 
 
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_read_committed_trains_every_committed_record_once_and_commits_the_log_end(
-    kafka_bootstrap: str, java_topic: JavaTopic, tmp_path: Path, group_id: str
+    kafka_bootstrap: str, java_topic: JavaTopic, tmp_path: Path, group_id: str, client: str
 ) -> None:
     dead = f"dlq-{uuid.uuid4().hex[:8]}"  # does not exist: the worker creates it
     seen: dict[str, object] = {}
@@ -182,7 +183,7 @@ def test_read_committed_trains_every_committed_record_once_and_commits_the_log_e
         java_topic,
         tmp_path,
         group_id,
-        ["--dead-letter-topic", dead],
+        ["--dead-letter-topic", dead, "--kafka-client", client],
         on_caught_up=at_idle,
     )
     trained = read_audit(audit, java_topic.name)

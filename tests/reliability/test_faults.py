@@ -194,16 +194,17 @@ def _wait_trained(worker: WorkerProcess, audit: Path, n: int, what: str) -> None
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
-    ("how", "pass_boundary"),
+    ("how", "pass_boundary", "client"),
     [
-        ("sigterm", False),
-        ("sigkill", False),
-        ("sigkill", True),
+        ("sigterm", False, "kafka-python"),
+        ("sigkill", False, "kafka-python"),
+        ("sigkill", True, "kafka-python"),
+        ("sigkill", True, "confluent"),
     ],
-    ids=["sigterm", "sigkill", "sigkill-across-a-pass-boundary"],
+    ids=["sigterm", "sigkill", "sigkill-across-a-pass-boundary", "confluent-sigkill-pass"],
 )
 def test_worker_survives_a_broker_restart_without_losing_records(
-    private_broker: PrivateBroker, tmp_path: Path, how: str, pass_boundary: bool
+    private_broker: PrivateBroker, tmp_path: Path, how: str, pass_boundary: bool, client: str
 ) -> None:
     """The same worker process trains on after the broker comes back; nothing is lost.
 
@@ -229,7 +230,10 @@ def test_worker_survives_a_broker_restart_without_losing_records(
         # rebalance may train a record twice, so no batch size divides the total for sure).
         batch_size=1,
         stop_after_idle=None,  # the outage must not end the run; the test stops it
-        extra=["--idle-timeout", idle_timeout, "--commit-every-seconds", "1"],
+        extra=[
+            *("--idle-timeout", idle_timeout, "--commit-every-seconds", "1"),
+            *("--kafka-client", client),
+        ],
     )
     worker = start_worker(args, tmp_path / "worker.log")
     try:

@@ -124,8 +124,9 @@ DUPLICATES_PER_KILL = CKPT_STEPS * BATCH + PIPELINE_BLOCKS * MAX_POLL
 
 @pytest.mark.kafka
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_kill_9_mid_training_loses_nothing_and_duplicates_stay_in_flight_bound(
-    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path, client: str
 ) -> None:
     topic = make_topic(PARTITIONS)
     audit = tmp_path / "audit.csv"
@@ -139,7 +140,10 @@ def test_kill_9_mid_training_loses_nothing_and_duplicates_stay_in_flight_bound(
         batch_size=BATCH,
         checkpoint_dir=ckpt,
         checkpoint_every_steps=CKPT_STEPS,
-        extra=["--max-poll-records", str(MAX_POLL), "--queue-max-blocks", str(QUEUE_BLOCKS)],
+        extra=[
+            *("--max-poll-records", str(MAX_POLL), "--queue-max-blocks", str(QUEUE_BLOCKS)),
+            *("--kafka-client", client),
+        ],
     )
     seed = int.from_bytes(os.urandom(4), "little")
     rng = random.Random(seed)
