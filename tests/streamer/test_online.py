@@ -377,9 +377,11 @@ def test_evaluation_loss_falls_and_never_moves_eval_offsets(
 
 
 def test_eval_topic_needs_kafka(tmp_path: Path) -> None:
-    code, _worker, log = run_in_process(max_steps=5, eval_topic="held-out")
-    assert code == 2  # a configuration that cannot work: exit 2, like the CLI
-    assert "eval_topic" in log and "needs --bootstrap" in log, log
+    # A configuration that cannot work is refused when it is built (the CLI exits 2 on it).
+    from consumers.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_topic.*needs --bootstrap"):
+        run_in_process(max_steps=5, eval_topic="held-out")
 
 
 # ---- 6. compiled metrics and --eval-every-seconds ---------------------------------------------
