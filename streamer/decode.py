@@ -182,6 +182,9 @@ def _too_deep(obj: list[Any] | dict[Any, Any], budget: int) -> bool:
     return False
 
 
+_CONTAINERS = (list, dict)
+
+
 def _check_structure(record: dict[Any, Any], max_depth: int) -> None:
     """Reject a record whose top-level keys are not all str, or that nests too deep."""
     if not _STR_ONLY.issuperset(map(type, record)):
@@ -272,6 +275,9 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
     kept: list[int] = []
     rejected: list[tuple[int, str]] = []
     reject = rejected.append
+    feature_names = {fp.name for fp in features}
+    known_keys: set[Any] = set()  # keys of a record that passed the structure check
+    known_extras: tuple[Any, ...] = ()
 
     for index, value in enumerate(values):
         if type(value) is not bytes:
@@ -338,7 +344,17 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
                 appends[done](item)
                 done += 1
             if not checked and len(record) != n_features:
-                _check_structure(record, max_depth)
+                # Keys beyond the features (a producer's extras): the same key set as a
+                # record already checked needs only its extra values looked at.
+                if record.keys() == known_keys:
+                    for key in known_extras:
+                        if type(record[key]) in _CONTAINERS:
+                            _check_structure(record, max_depth)
+                            break
+                else:
+                    _check_structure(record, max_depth)
+                    known_keys = set(record)
+                    known_extras = tuple(known_keys.difference(feature_names))
         except Rejected as rejection:
             for column in columns[:done]:
                 column.pop()

@@ -257,6 +257,20 @@ def test_depth_limit_counts_the_record_map_as_one() -> None:
     assert block.rejected == [(1, "too_deep")]
 
 
+def test_extra_keys_are_checked_on_every_record_of_a_block() -> None:
+    # Records past the first with the same extra keys take a shorter check: it still sees a
+    # too-deep extra value, and a different key set (a bytes key) gets the full check.
+    schema = Schema((Feature("x", "float32", (2,)), Feature("y", "float32")), max_depth=3)
+    x = np.array([1, 2], np.float32).tobytes()
+    ok = _pack({"x": x, "y": 1.0, "pad": b"\x00" * 8})
+    ok_list = _pack({"x": x, "y": 1.0, "pad": [[1]]})
+    deep = _pack({"x": x, "y": 1.0, "pad": [[[1]]]})
+    bytes_key = _pack({"x": x, "y": 1.0, b"pad": b"\x00"})
+    block = decode_block(schema, [ok, ok_list, deep, ok, bytes_key, ok])
+    assert block.kept.tolist() == [0, 1, 3, 5]
+    assert block.rejected == [(2, "too_deep"), (4, "format")]
+
+
 # -- bad records -----------------------------------------------------------------------------
 
 
