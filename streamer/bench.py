@@ -14,7 +14,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from consumers.settings import ConsumerSettings
+from consumers.settings import ConsumerSettings, KafkaClient
 
 if TYPE_CHECKING:
     from streamer.schema import Schema
@@ -58,7 +58,7 @@ class BenchResult:
     shards: int
     rates: dict[str, list[float]] = field(default_factory=dict)
     input_wait_fraction: dict[str, list[float]] = field(default_factory=dict)
-    soak: dict[str, float] | None = None
+    soak: dict[str, float | str] | None = None
     #: The codecs measured, first as the reference; with more than one, each mode's key in
     #: ``rates`` is ``mode:codec``.
     codecs: tuple[str, ...] = ("none",)
@@ -331,7 +331,8 @@ def soak(
     seconds: float,
     out: IO[str],
     schema: Schema | None = None,
-) -> dict[str, float]:
+    client: KafkaClient = "kafka-python",
+) -> dict[str, float | str]:
     """Read the topic again and again through the pipeline for ``seconds``: resident memory.
 
     Like the worker: one source and one dataset, iterated once per pass (every pass opens fresh
@@ -345,7 +346,7 @@ def soak(
     from streamer.source import StreamSource
 
     parts = _partitions(bootstrap, topic)
-    cs = _settings(bootstrap, topic, parts, shards)
+    cs = dataclasses.replace(_settings(bootstrap, topic, parts, shards), client=client)
     source = StreamSource(
         schema or SimulatorTask().schema(),
         PipelineSettings(num_shards=shards, batch_size=256, idle_timeout_seconds=2),
@@ -381,6 +382,7 @@ def soak(
     ys = np.array([y for _, y in samples])
     slope = float(np.polyfit(xs, ys, 1)[0]) if len(samples) >= 3 else float("nan")
     return {
+        "client": client,
         "seconds": float(xs[-1]) if len(xs) else 0.0,
         "warmup_seconds": warmup,
         "passes": passes,
@@ -405,6 +407,7 @@ def run_bench(
     modes: tuple[str, ...] = MODES,
     naive_records: int = 20_000,
     soak_seconds: float = 0.0,
+    soak_client: KafkaClient = "kafka-python",
     task: Task | None = None,
     task_name: str | None = None,
     progress: IO[str] | None = None,
@@ -503,7 +506,7 @@ def run_bench(
             out.write(f"  repeat {r + 1}/{repeats} {key:<22} {rate:>12,.0f} records/s\n")
             out.flush()
     if soak_seconds > 0:
-        result.soak = soak(bootstrap, first, shards, soak_seconds, out, schema)
+        result.soak = soak(bootstrap, first, shards, soak_seconds, out, schema, soak_client)
     return result
 
 
@@ -544,7 +547,7 @@ def format_table(summary: dict[str, Any]) -> str:
     if "soak" in summary:
         sk = summary["soak"]
         lines.append(
-            f"soak: {sk['seconds']:.0f} s after {sk['warmup_seconds']:.0f} s of warm-up, "
+            f"soak ({sk['client']}): {sk['seconds']:.0f} s after {sk['warmup_seconds']:.0f} s of warm-up, "
             f"{sk['records']:,} records, rss {sk['rss_start_mib']:.0f} -> {sk['rss_end_mib']:.0f} MiB "
             f"(growth {sk['rss_growth_mib']:+.1f} MiB, range {sk['rss_min_mib']:.0f}-"
             f"{sk['rss_max_mib']:.0f}, trend {sk['rss_trend_mib_per_hour']:+.0f} MiB/h)"

@@ -234,6 +234,12 @@ def _parser() -> argparse.ArgumentParser:
         "long and report resident memory at start and end (a leak check) [default: 0, off]",
     )
     bench.add_argument(
+        "--soak-client",
+        default="kafka-python",
+        choices=("kafka-python", "confluent"),
+        help="Kafka client of the memory soak (thread shards) [default: kafka-python]",
+    )
+    bench.add_argument(
         "--compression",
         default="none",
         help="codec of the filled topic, or a comma-separated list of them (one topic each, "
@@ -313,6 +319,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         modes=modes,
         naive_records=args.naive_records,
         soak_seconds=args.soak_seconds,
+        soak_client=args.soak_client,
         codecs=codecs,
         task=task,
         task_name=task_name,

@@ -38,6 +38,7 @@ from consumers.errors import (
     ConfigError,
     FencedError,
     GroupProtocolError,
+    TlsHandshakeError,
 )
 from consumers.logs import quiet
 from consumers.settings import ConsumerSettings, SecuritySettings
@@ -59,8 +60,6 @@ _OFFSET_INVALID = ck.OFFSET_INVALID
 _VALUE, _PARTITION, _OFFSET = ck.Message.value, ck.Message.partition, ck.Message.offset
 _TIMESTAMP, _ERROR = ck.Message.timestamp, ck.Message.error
 _SECOND = itemgetter(1)
-#: Refused logins in a row before the shard fails (librdkafka retries them for ever).
-_AUTH_FAILURES = 3
 #: With no partition assigned, how often the topic's existence is checked.
 _TOPIC_CHECK_S = 5.0
 
@@ -186,7 +185,6 @@ class ConfluentClient:
         self._pending: BaseException | None = None  # raised by the next poll()
         self._commit_callback: CommitCallback | None = None
         self._stable: dict[int, int] | None = None  # from the statistics callback
-        self._auth_failures = 0
         self._topic_missing = False
         self._topic_checked = time.monotonic()
         self._partitions: frozenset[int] | None = None
@@ -301,12 +299,12 @@ class ConfluentClient:
                 self.settings.group_id, self.settings.partition_assignment_strategy
             )
             return
-        if code == ck.KafkaError._AUTHENTICATION:
-            self._auth_failures += 1
-            if self._auth_failures >= _AUTH_FAILURES:
-                self._pending = self._pending or AuthenticationError(
-                    self.settings.bootstrap_servers, error.str()
-                )
+        if code in (ck.KafkaError._AUTHENTICATION, ck.KafkaError._SSL):
+            # A refused login or certificate is final, as at the start-up probe: retrying would
+            # not help, and librdkafka reports a repeated identical error only once anyway.
+            # (The probe catches most; this is a password or certificate changed meanwhile.)
+            kind = TlsHandshakeError if code == ck.KafkaError._SSL else AuthenticationError
+            self._pending = self._pending or kind(self.settings.bootstrap_servers, error.str())
             return
         if error.fatal():
             self._pending = self._pending or ClientFatalError("confluent-kafka", error.str())
@@ -338,7 +336,6 @@ class ConfluentClient:
             msgs = self._take_errors(msgs)
         if not msgs:
             return None
-        self._auth_failures = 0
         n = len(msgs)
         return RecordBlock(
             self.topic,

@@ -82,12 +82,24 @@ def _assert_trained_everything(
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
-    ("user", "password_from"),
-    [("alice", "env"), ("bob", "file"), ("carol", "env")],
-    ids=["scram-sha-256-env", "scram-sha-512-file", "plain-env"],
+    ("user", "password_from", "client"),
+    [
+        ("alice", "env", "kafka-python"),
+        ("bob", "file", "kafka-python"),
+        ("carol", "env", "kafka-python"),
+        ("bob", "file", "confluent"),
+        ("carol", "env", "confluent"),
+    ],
+    ids=[
+        "scram-sha-256-env",
+        "scram-sha-512-file",
+        "plain-env",
+        "confluent-scram-sha-512-file",
+        "confluent-plain-env",
+    ],
 )
 def test_worker_trains_over_sasl(
-    secure_broker: PrivateBroker, tmp_path: Path, user: str, password_from: str
+    secure_broker: PrivateBroker, tmp_path: Path, user: str, password_from: str, client: str
 ) -> None:
     mechanism, password = USERS[user]
     topic = _topic(secure_broker)
@@ -106,7 +118,7 @@ def test_worker_trains_over_sasl(
         shards=2,
         batch_size=64,
         stop_after_idle=3,
-        extra=_sasl_flags(mechanism, user),
+        extra=[*_sasl_flags(mechanism, user), "--kafka-client", client],
     )
     worker = start_worker(args, tmp_path / "worker.log", env)
     _assert_trained_everything(secure_broker, topic, audit, worker)
@@ -214,8 +226,9 @@ def _tls_security(certs: Certs, **overrides: object) -> SecuritySettings:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_worker_trains_over_sasl_ssl(
-    secure_broker: PrivateBroker, certs: Certs, tmp_path: Path
+    secure_broker: PrivateBroker, certs: Certs, tmp_path: Path, client: str
 ) -> None:
     mechanism, password = USERS["alice"]
     topic = _topic(secure_broker)
@@ -234,6 +247,8 @@ def test_worker_trains_over_sasl_ssl(
             "SASL_SSL",
             "--ssl-cafile",
             str(certs.ca),
+            "--kafka-client",
+            client,
         ],
     )
     worker = start_worker(args, tmp_path / "worker.log", {"STREAMER_SASL_PASSWORD": password})
@@ -241,8 +256,9 @@ def test_worker_trains_over_sasl_ssl(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_worker_trains_over_ssl_with_a_client_certificate(
-    secure_broker: PrivateBroker, certs: Certs, tmp_path: Path
+    secure_broker: PrivateBroker, certs: Certs, tmp_path: Path, client: str
 ) -> None:
     topic = _topic(secure_broker)
     audit = tmp_path / "audit.csv"
@@ -263,6 +279,8 @@ def test_worker_trains_over_ssl_with_a_client_certificate(
             str(certs.client_cert),
             "--ssl-keyfile",
             str(certs.client_key),
+            "--kafka-client",
+            client,
         ],
     )
     worker = start_worker(args, tmp_path / "worker.log")
@@ -337,6 +355,72 @@ def test_good_tls_settings_reach_the_topic(secure_broker: PrivateBroker, certs: 
         security=_tls_security(certs),
     )
     assert wait_for_topic(settings, attempts=1) == list(range(PARTITIONS))
+
+
+# ---- confluent-kafka: credentials refused after start-up ------------------------------------
+
+
+def _poll_until_error(settings: ConsumerSettings, seconds: float = 30) -> BaseException:
+    """Open the shard's confluent client and poll until it raises (the error, typed)."""
+    from consumers.clients import open_client
+
+    client = open_client(settings, 0)
+    try:
+        client.assign([0, 1])
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                client.poll(200, 0)
+            except Exception as exc:  # the test looks at what it is
+                return exc
+        raise AssertionError(f"no error within {seconds}s")
+    finally:
+        client.close(1000)
+
+
+@pytest.mark.timeout(120)
+def test_confluent_client_turns_a_refused_login_into_an_authentication_error(
+    secure_broker: PrivateBroker,
+) -> None:
+    # The start-up probe (kafka-python) catches bad credentials first; this is the shard's
+    # own client meeting them (a password rotated while the worker runs).
+    wrong = "n0pe-" + uuid.uuid4().hex[:10]
+    bootstrap = secure_broker.listeners["SASL_PLAINTEXT"]
+    settings = ConsumerSettings(
+        bootstrap_servers=bootstrap,
+        topic=_topic(secure_broker, 10),
+        client="confluent",
+        mode="static",
+        partitions=(0, 1),
+        security=SecuritySettings(
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism="SCRAM-SHA-256",
+            sasl_plain_username="alice",
+            sasl_plain_password=Secret(wrong),
+        ),
+    )
+    error = _poll_until_error(settings)
+    assert type(error) is AuthenticationError, repr(error)
+    assert bootstrap in str(error)
+    assert wrong not in f"{error} {error!r}"
+
+
+@pytest.mark.timeout(120)
+def test_confluent_client_turns_an_untrusted_certificate_into_a_tls_error(
+    secure_broker: PrivateBroker, certs: Certs
+) -> None:
+    bootstrap = secure_broker.listeners["SSL"]
+    settings = ConsumerSettings(
+        bootstrap_servers=bootstrap,
+        topic="any",
+        client="confluent",
+        mode="static",
+        partitions=(0, 1),
+        security=_tls_security(certs, ssl_cafile=str(certs.other_ca)),
+    )
+    error = _poll_until_error(settings)
+    assert isinstance(error, TlsHandshakeError), repr(error)
+    assert bootstrap in str(error)
 
 
 # ---- no secret anywhere ---------------------------------------------------------------------

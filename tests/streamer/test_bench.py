@@ -74,6 +74,47 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
     assert soak["seconds"] >= 3 and soak["rss_start_mib"] > 0 and soak["rss_end_mib"] > 0
 
 
+def test_bench_confluent_modes_and_soak(kafka_bootstrap: str) -> None:
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamer.cli",
+            "bench",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--records",
+            "3000",
+            "--record-bytes",
+            "256",
+            "--shards",
+            "2",
+            "--repeats",
+            "1",
+            "--modes",
+            "pipeline,raw-confluent,pipeline-confluent,pipeline-confluent-process,worker-confluent",
+            "--soak-seconds",
+            "3",
+            "--soak-client",
+            "confluent",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=540,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert all(m["records_per_second_median"] > 0 for m in out["modes"].values()), out
+    assert out["ratio_pipeline_confluent_pipeline"] > 0
+    assert out["ratio_pipeline_confluent_raw_confluent"] > 0
+    assert 0 <= out["worker_confluent_input_wait_fraction"] <= 1
+    soak = out["soak"]
+    assert soak["client"] == "confluent"
+    assert soak["passes"] >= 2 and soak["records"] == soak["passes"] * 3000, soak
+
+
 MIXED_TOML = """
 label = "y"
 [features.x]
