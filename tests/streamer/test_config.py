@@ -182,3 +182,24 @@ def test_sim_task_names_the_embedded_simulators_schema() -> None:
     assert load_config({}, env={}).load_schema().feature_names == ("x", "y")
     with pytest.raises(ConfigError, match="sim_task"):
         load_config({"sim_task": "chess"}, env={})
+
+
+def test_confluent_client_without_its_package_fails_at_start_up_naming_the_extra() -> None:
+    # A fresh interpreter where confluent_kafka cannot be imported (as without the extra).
+    script = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "confluent_kafka" or name.startswith("confluent_kafka."):
+            raise ImportError("No module named 'confluent_kafka'")
+sys.meta_path.insert(0, Block())
+from streamer.cli import main
+sys.exit(main(["run", "--bootstrap", "127.0.0.1:1", "--topic", "t", "--kafka-client",
+               "confluent", "--max-steps", "1"]))
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'streamer[confluent]'" in proc.stderr, proc.stderr
+    assert "tensorflow" not in proc.stderr.lower(), "failed only after TensorFlow loaded"
