@@ -97,9 +97,18 @@ def quiet_logs() -> None:
     kafka-python refreshes metadata every ``retry_backoff_ms`` (100 ms) while a subscribed
     topic is unknown, and ``kafka.cluster`` logs "Topic ... not found in cluster metadata" at
     ERROR on each refresh; a sync commit for a deleted topic is retried (and logged) every
-    100 ms until its timeout.
+    100 ms until its timeout. The cooperative-sticky assignor logs "No partition metadata for
+    topic ..." at WARNING on every assignment while a subscribed topic is gone (each member's
+    rejoin is one), and the fetcher logs "unknown topic or partition error in ListOffsets" on
+    each retry of a position lookup for a deleted topic's partition (hundreds a second until
+    the partition is revoked).
     """
-    for name in ("kafka.cluster", "kafka.coordinator.consumer"):
+    for name in (
+        "kafka.cluster",
+        "kafka.coordinator.consumer",
+        "kafka.coordinator.assignors.sticky.sticky_assignor",
+        "kafka.consumer.fetcher",
+    ):
         quiet(name)
 
 
