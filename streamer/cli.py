@@ -51,6 +51,8 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # kafka-python is chatty at INFO (every connection and rebalance step).
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
     logging.getLogger("confluent_kafka").setLevel(max(logging.WARNING, root.level))
+    # Multi-worker training: TensorFlow logs every collective it builds at INFO.
+    logging.getLogger("tensorflow").setLevel(max(logging.WARNING, root.level))
     # "Task ran for 0.1s ... blocking the event loop": kafka-python's IO thread noticing that
     # another thread held the GIL (decode, training). Expected in a busy worker, not an error.
     logging.getLogger("kafka.net.selector").setLevel(max(logging.ERROR, root.level))
