@@ -53,6 +53,7 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     logging.getLogger("confluent_kafka").setLevel(max(logging.WARNING, root.level))
     # Multi-worker training: TensorFlow logs every collective it builds at INFO.
     logging.getLogger("tensorflow").setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("absl").setLevel(max(logging.WARNING, root.level))
     # "Task ran for 0.1s ... blocking the event loop": kafka-python's IO thread noticing that
     # another thread held the GIL (decode, training). Expected in a busy worker, not an error.
     logging.getLogger("kafka.net.selector").setLevel(max(logging.ERROR, root.level))

@@ -47,6 +47,7 @@ from streamer.multiworker import (
     lost_worker,
     offsets_from_vector,
     offsets_vector,
+    should_wait,
     worker_partitions,
 )
 from streamer.mwms import ClusterStep, is_peer_loss, make_strategy, weights_digest
@@ -76,11 +77,23 @@ class PeerLostError(StreamerError):
 
     def __init__(self, topology: Topology, lost: str, detail: str) -> None:
         self.lost = lost
-        first = detail.strip().splitlines()[0] if detail.strip() else detail
+        first = _gist(detail)
         super().__init__(
             f"{topology.describe()} lost {lost}: {first}. Exiting: restart every worker "
             "together (they resume from the last checkpoint)"
         )
+
+
+def _gist(message: str) -> str:
+    """The line of a TensorFlow error that says what happened (its first line is often just
+    "Graph execution error:")."""
+    lines = [x.strip() for x in message.splitlines() if x.strip()]
+    for key in ("aborted by:", "unhealthy", "Connection", "connect", "Unavailable", "UNAVAILABLE"):
+        for line in lines:
+            if key in line:
+                return line
+    useful = [x for x in lines if not x.endswith(":") and not x.startswith(("[[", "Detected at"))]
+    return (useful or lines or ["(no message)"])[0]
 
 
 def check_config(cfg: WorkerConfig, topology: Topology) -> None:
@@ -135,6 +148,7 @@ class DistributedWorker:
         self._reader_stop = threading.Event()
         self.blocks: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_BLOCKS)
         self._formed = False
+        self._signal_watch: SignalWatch | None = None
 
     # ---- signals ----------------------------------------------------------------------------
 
@@ -176,6 +190,8 @@ class DistributedWorker:
             topo.hosts[0],
         )
         strategy = make_strategy(topo)
+        if self._signal_watch is not None:
+            self._signal_watch.rearm()  # TensorFlow's coordination service took SIGTERM
         if cfg.seed is not None:
             tf.keras.utils.set_random_seed(cfg.seed)
         if cfg.mixed_precision:
@@ -388,6 +404,7 @@ class DistributedWorker:
         watch: SignalWatch | None = None
         if threading.current_thread() is threading.main_thread():
             watch = SignalWatch(self._on_signal, (signal.SIGTERM, signal.SIGINT))
+        self._signal_watch = watch
         try:
             self._build()
             log.info(
@@ -446,11 +463,11 @@ class DistributedWorker:
         self.source.begin_pass()
         self._reader = threading.Thread(target=self._read, name="streamer-input", daemon=True)
         self._reader.start()
-        others_busy = False
+        wait = True
         loss_sum, loss_rows = 0.0, 0
         last_data = time.monotonic()
         while True:
-            batch = self.batcher.next(self.blocks, wait=not others_busy)
+            batch = self.batcher.next(self.blocks, wait=wait)
             t1 = time.perf_counter()  # the round's step time: the all-reduces and the step
             now = time.monotonic()
             if batch.real:
@@ -499,7 +516,7 @@ class DistributedWorker:
                 self._commit(self.tracker.commit_points())
                 commits.done(self.step)
             status.maybe(self.step, self.loss)
-            others_busy = decision.others_busy
+            wait = should_wait(ctrl, mine=batch.real, full=batch.real == batch.size)
             if decision.stop is not None:
                 status.maybe(self.step, self.loss, force=True)
                 status.end()

@@ -24,6 +24,7 @@ __all__ = [
     "lost_worker",
     "offsets_from_vector",
     "offsets_vector",
+    "should_wait",
     "tf_config",
     "topology_from",
     "worker_partitions",
@@ -249,7 +250,6 @@ class RoundDecision:
     global_rows: int
     stop: str | None  # why the cluster stops after this round (None: go on)
     checkpoint: bool
-    others_busy: bool  # some worker's batch was full: do not wait to fill the next one
 
 
 def decide(
@@ -296,8 +296,26 @@ def decide(
         global_rows=rows,
         stop=stop,
         checkpoint=moved and (due or stop is not None),
-        others_busy=vec[Control.FULL] > 0,
     )
+
+
+def should_wait(ctrl: npt.ArrayLike, *, mine: int, full: bool) -> bool:
+    """Whether this worker's next batch may wait (up to --pad-after-seconds) for records.
+
+    Not when another worker's batch was full (records wait there: nobody gains from this
+    worker holding the round), nor when this worker had no record and another had some (the
+    other paces the round by filling its own batch; this one's records, if any come, go in
+    the next round). Otherwise, everyone being quiet, waiting fills batches.
+
+    >>> busy = Control.local(real=128, stop=False, done=False, checkpoint=False, full=True,
+    ...                      loss_sum=0)
+    >>> should_wait(busy, mine=0, full=False), should_wait(busy, mine=128, full=True)
+    (False, True)
+    """
+    vec = np.asarray(ctrl, dtype=np.float64)
+    others_full = vec[Control.FULL] - float(full) > 0
+    others_rows = vec[Control.REAL] - mine > 0
+    return not (others_full or (mine == 0 and others_rows))
 
 
 def lost_worker(message: str, topology: Topology) -> str:

@@ -102,7 +102,10 @@ def test_cluster_workers_take_the_index_from_the_option_or_the_job() -> None:
 def test_every_partition_has_exactly_one_worker(partitions: int, workers: int) -> None:
     shares = [worker_partitions(range(partitions), i, workers) for i in range(workers)]
     assert sorted(p for share in shares for p in share) == list(range(partitions))
-    assert all(share == [p for p in range(partitions) if p % workers == i] for i, share in enumerate(shares))
+    assert all(
+        share == [p for p in range(partitions) if p % workers == i]
+        for i, share in enumerate(shares)
+    )
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
 
@@ -134,9 +137,7 @@ def test_round_decisions_are_functions_of_the_all_reduced_vector() -> None:
 
     busy = _ctrl(real=256, full=True) + _ctrl(real=0)
     r = d(busy)
-    assert (r.train, r.global_rows, r.stop, r.checkpoint, r.others_busy) == (  # type: ignore[attr-defined]
-        True, 256, None, False, True
-    )  # fmt: skip
+    assert (r.train, r.global_rows, r.stop, r.checkpoint) == (True, 256, None, False)  # type: ignore[attr-defined]
     # One worker idle for --stop-after-idle: the cluster goes on; both idle: it stops.
     assert d(_ctrl(done=True) + _ctrl(real=3), stop_after_idle=5.0).stop is None  # type: ignore[attr-defined]
     both = d(_ctrl(done=True) + _ctrl(done=True), stop_after_idle=5.0)
@@ -151,6 +152,21 @@ def test_round_decisions_are_functions_of_the_all_reduced_vector() -> None:
     assert d(_ctrl(checkpoint=True) + _ctrl()).checkpoint  # type: ignore[attr-defined]
     assert d(_ctrl(), step=100).checkpoint  # type: ignore[attr-defined]
     assert d(_ctrl(), max_steps=10).stop == "--max-steps 10"  # type: ignore[attr-defined]
+
+
+def test_a_quiet_worker_never_holds_up_one_with_records() -> None:
+    from streamer.multiworker import should_wait
+
+    full_other = _ctrl(real=128, full=True) + _ctrl(real=0)
+    assert not should_wait(full_other, mine=0, full=False)
+    partial_other = _ctrl(real=40) + _ctrl(real=0)
+    assert not should_wait(partial_other, mine=0, full=False)  # the other paces the round
+    assert should_wait(partial_other, mine=40, full=False)  # fill my batch: nobody is full
+    both_trickle = _ctrl(real=5) + _ctrl(real=7)
+    assert should_wait(both_trickle, mine=5, full=False)
+    assert should_wait(_ctrl() + _ctrl(), mine=0, full=False)  # all quiet: wait to collect
+    mine_full = _ctrl(real=128, full=True) + _ctrl(real=3)
+    assert should_wait(mine_full, mine=128, full=True)
 
 
 def test_lost_worker_is_read_from_tensorflows_message() -> None:
@@ -325,3 +341,341 @@ def test_launch_gives_each_worker_its_index_and_port() -> None:
     assert worker_argv(["--metrics-port", "0", "--worker-id", "x"], 3)[-4:] == [
         "--worker-id", "x", "--metrics-port", "0"
     ]  # fmt: skip
+
+
+# ---- worker processes on localhost against the real broker --------------------------------------
+
+START_S = 150  # TensorFlow import, cluster start and first round of 2 processes on 2 cores
+_CKPT = re.compile(r"checkpoint (\S+) at step (\d+) weights ([0-9a-f]+)")
+_RESTORE = re.compile(r"cluster restore: step (\d+), offsets (\{[^}]*\}) weights ([0-9a-f]+)")
+_CHIEF_RESTORED = re.compile(r"restored \S+: step (\d+), offsets (\{[^}]*\})")
+_METRICS_URL = re.compile(r"metrics on (http://[^/\s]+)/metrics")
+_STOPPED = re.compile(r"stopped \((.*)\) at step (\d+)")
+
+
+def produce_to(bootstrap: str, topic: str, counts: dict[int, int], seed: int = 0) -> None:
+    """``counts[p]`` simulator records into partition ``p`` of ``topic``."""
+    from kafka import KafkaProducer
+
+    rng = np.random.default_rng(seed)
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5)
+    try:
+        for p, n in counts.items():
+            for value in SimulatorTask().records(n, rng):
+                producer.send(topic, value=value, partition=p)
+        producer.flush(timeout=60)
+    finally:
+        producer.close(timeout=30)
+
+
+class PartitionProducer:
+    """Produces into some partitions at about ``rate`` records/s until ``stop()``."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: list[int], rate: float) -> None:
+        import threading
+
+        self.args = (bootstrap, topic, partitions, rate)
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        bootstrap, topic, partitions, rate = self.args
+        chunk = max(1, int(rate / 10 / len(partitions)))
+        t0 = time.monotonic()
+        while not self._stop.is_set():
+            produce_to(bootstrap, topic, dict.fromkeys(partitions, chunk), seed=self.sent)
+            self.sent += chunk * len(partitions)
+            self._stop.wait(max(0.0, t0 + self.sent / rate - time.monotonic()))
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(60)
+        return self.sent
+
+
+def mw_args(
+    bootstrap: str, topic: str, group: str, audit: Path, *extra: str, ckpt: Path | None = None
+) -> list[str]:
+    args = ["--bootstrap", bootstrap, "--topic", topic, "--group", group, "--shards", "1"]
+    args += ["--batch-size", "128", "--metrics-port", str(free_port()), "--status-interval", "0.5"]
+    args += ["--audit-log", str(audit), "--pad-after-seconds", "0.3"]
+    if ckpt is not None:
+        args += ["--checkpoint-dir", str(ckpt)]
+    return [*args, *extra]
+
+
+def start_cluster(
+    n: int, args_of: Callable[[int], list[str]], logs: Path, tag: str
+) -> list[WorkerProcess]:
+    hosts = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+    return [
+        WorkerProcess.start(
+            [*args_of(i), "--worker-id", f"{tag}-w{i}"],
+            logs / f"{tag}-w{i}.log",
+            env_extra={"TF_CONFIG": tf_config(hosts, i)},
+        )
+        for i in range(n)
+    ]
+
+
+def checkpoints(text: str) -> dict[int, str]:
+    """step -> weights CRC of every checkpoint a worker logged."""
+    return {int(step): crc for _, step, crc in _CKPT.findall(text)}
+
+
+def metric(worker: WorkerProcess, name: str) -> float:
+    m = _METRICS_URL.search(worker.log())
+    assert m, worker.tail()
+    status, body = http_get(m.group(1) + "/metrics")
+    assert status == 200, body
+    return sum(v for _, v in parse_metrics(body).get(name, []))
+
+
+def healthz(worker: WorkerProcess) -> tuple[int, str]:
+    m = _METRICS_URL.search(worker.log())
+    assert m, worker.tail()
+    return http_get(m.group(1) + "/healthz")
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, *ws: WorkerProcess
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        dead = [w for w in ws if not w.alive()]
+        if dead or time.monotonic() > deadline:
+            why = "a worker exited" if dead else f"timed out after {timeout:.0f}s"
+            raise AssertionError(f"{why} waiting for {what}\n" + tails(*ws))
+        time.sleep(0.2)
+
+
+def tails(*ws: WorkerProcess) -> str:
+    return "\n".join(w.tail(2500) for w in ws)
+
+
+def audits(*paths: Path, topic: str) -> Counter[tuple[int, int]]:
+    total: Counter[tuple[int, int]] = Counter()
+    for p in paths:
+        total += read_audit(p, topic)
+    return total
+
+
+def latest_checkpoint(directory: Path) -> tuple[int, dict[int, int]]:
+    """Step and offsets of the chief's latest checkpoint, read from its files."""
+    import tensorflow as tf
+
+    path = tf.train.latest_checkpoint(str(directory))
+    assert path, f"no checkpoint in {directory}"
+    reader = tf.train.load_checkpoint(path)
+    step = int(reader.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+    parts = reader.get_tensor("offset_partitions/.ATTRIBUTES/VARIABLE_VALUE").tolist()
+    offs = reader.get_tensor("offset_values/.ATTRIBUTES/VARIABLE_VALUE").tolist()
+    return step, dict(zip(parts, offs, strict=True))
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_two_workers_on_uneven_input_train_every_record_once_with_identical_weights(
+    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
+) -> None:
+    """`streamer launch`, run to idle: worker 1's partitions hold a tenth of worker 0's, so it
+    pads most rounds; nothing deadlocks, every record is trained once over the union of the
+    audit logs, the commits reach the end offsets, and both workers hold the same weights at
+    every checkpoint."""
+    topic = make_topic(4)
+    produce_to(kafka_bootstrap, topic, {0: 3000, 2: 2500, 1: 300, 3: 200})
+    ends = end_offsets(kafka_bootstrap, topic)
+    args = mw_args(
+        kafka_bootstrap,
+        topic,
+        group_id,
+        tmp_path / "audit-{index}.csv",
+        "--stop-after-idle", "4", "--checkpoint-every-steps", "8", "--metrics-port", "0",
+        ckpt=tmp_path / "ckpt",
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMER_")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    log_path = tmp_path / "launch.log"
+    with open(log_path, "wb") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "streamer.cli", "launch", "--workers", "2", "--", *args],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        rc = launcher.wait(START_S + 90)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait(30)
+    text = log_path.read_text(errors="replace")
+    assert rc == 0, text[-6000:]
+    lines = {i: "\n".join(x for x in text.splitlines() if x.startswith(f"[w{i}] ")) for i in (0, 1)}
+    assert "cluster=0/2 chief=yes partitions=0,2" in lines[0]
+    assert "cluster=1/2 chief=no partitions=1,3" in lines[1]
+    stops = [_STOPPED.search(lines[i]) for i in (0, 1)]
+    assert all(stops), text[-4000:]
+    assert {s.group(1) for s in stops if s} == {"idle for 4s"}
+    assert stops[0].group(2) == stops[1].group(2)  # type: ignore[union-attr]
+
+    counts = audits(tmp_path / "audit-0.csv", tmp_path / "audit-1.csv", topic=topic)
+    expected = all_records(ends)
+    assert counts.keys() == expected, summarize(sorted(expected ^ counts.keys()))
+    assert max(counts.values()) == 1, "records trained more than once"
+    assert committed_offsets(kafka_bootstrap, group_id, topic) == ends
+    # Worker 0 trained its own partitions only, worker 1 its own.
+    assert {p for p, _ in read_audit(tmp_path / "audit-1.csv", topic)} == {1, 3}
+
+    crcs = [checkpoints(lines[i]) for i in (0, 1)]
+    assert len(crcs[0]) >= 2 and crcs[0] == crcs[1], crcs
+    assert max(crcs[0]) == int(stops[0].group(2))  # type: ignore[union-attr]
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+def test_an_idle_worker_never_stalls_the_cluster_and_sigterm_checkpoints_all(
+    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
+) -> None:
+    """Worker 1's partitions go quiet while worker 0's flow: steps go on, worker 1 pads and
+    its offsets stay where they were; with nothing anywhere the rounds go on as idle steps
+    and /healthz stays 200. SIGTERM to worker 1 mid-stream: both checkpoint at the same step
+    with the same weights and exit 0, and the commits equal that checkpoint's offsets, below
+    which every record was trained exactly once."""
+    topic = make_topic(4)
+    produce_to(kafka_bootstrap, topic, dict.fromkeys(range(4), 300))
+    ckpt = tmp_path / "ckpt"
+    ws = start_cluster(
+        2,
+        lambda i: mw_args(
+            kafka_bootstrap,
+            topic,
+            group_id,
+            tmp_path / f"audit-{i}.csv",
+            "--checkpoint-every-seconds",
+            "1",
+            "--stall-timeout",
+            "10",
+            ckpt=ckpt,
+        ),
+        tmp_path,
+        "idle",
+    )
+    w0, w1 = ws
+    committed = lambda: committed_offsets(kafka_bootstrap, group_id, topic)  # noqa: E731
+    wait_until(lambda: committed() == dict.fromkeys(range(4), 300), START_S, "the first 1,200", *ws)
+    # Nothing anywhere: rounds go on as idle steps, no weight changes, both live.
+    wait_until(
+        lambda: min(metric(w, "streamer_idle_steps_total") for w in ws) >= 3, 30, "idle steps", *ws
+    )
+    assert [healthz(w)[0] for w in ws] == [200, 200]
+
+    producer = PartitionProducer(kafka_bootstrap, topic, [0, 2], rate=1500)
+    try:
+        steps = metric(w0, "streamer_train_steps_total")
+        padded = metric(w1, "streamer_padded_rows_total")
+        wait_until(
+            lambda: min(committed()[p] or 0 for p in (0, 2)) >= 300 + 2000,
+            60,
+            "worker 0's partitions to move on",
+            *ws,
+        )
+        assert metric(w0, "streamer_train_steps_total") >= steps + 2000 * 2 / 128 * 0.9
+        assert metric(w1, "streamer_padded_rows_total") > padded + 1000
+        c = committed()
+        assert (c[1], c[3]) == (300, 300), c  # the idle worker's offsets did not move
+        assert [healthz(w)[0] for w in ws] == [200, 200]
+        w1.terminate()  # mid-stream
+        codes = [w.wait(60) for w in ws]
+    finally:
+        producer.stop()
+    assert codes == [0, 0], tails(*ws)
+    assert w1.stopped()[0] == "signal SIGTERM"  # type: ignore[index]
+    assert w0.stopped()[0] == "another worker was stopped"  # type: ignore[index]
+    final = w0.stopped()[1]  # type: ignore[index]
+    assert w1.stopped()[1] == final  # type: ignore[index]
+    crcs = [checkpoints(w.log()) for w in ws]
+    assert max(crcs[0]) == max(crcs[1]) == final, tails(*ws)
+    assert crcs[0][final] == crcs[1][final]
+
+    step, offsets = latest_checkpoint(ckpt)
+    assert step == final
+    assert committed() == offsets, tails(*ws)
+    counts = audits(tmp_path / "audit-0.csv", tmp_path / "audit-1.csv", topic=topic)
+    below = {(p, o) for p, end in offsets.items() for o in range(end)}
+    assert counts.keys() == below, summarize(sorted(below ^ counts.keys()))
+    assert max(counts.values()) == 1
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", [1, 0], ids=["worker-1", "chief"])
+def test_kill9_ends_the_cluster_and_a_restart_resumes_from_the_checkpoint(
+    victim: int,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    group_id: str,
+    tmp_path: Path,
+) -> None:
+    """kill -9 of one worker while records flow: the other exits non-zero within 30 s naming
+    the lost worker (a stopped worker first fails the other's /healthz). Both restarted: they
+    resume with the model, step and offsets of the last checkpoint, and when they have run to
+    idle nothing is lost and the commits are at the end offsets."""
+    topic = make_topic(4)
+    produce_to(kafka_bootstrap, topic, dict.fromkeys(range(4), 500))
+    ckpt = tmp_path / "ckpt"
+
+    def args_of(run: str, *extra: str) -> Callable[[int], list[str]]:
+        return lambda i: mw_args(
+            kafka_bootstrap, topic, group_id, tmp_path / f"audit-{run}-{i}.csv",
+            "--checkpoint-every-steps", "5", *extra, ckpt=ckpt,
+        )  # fmt: skip
+
+    producer = PartitionProducer(kafka_bootstrap, topic, [0, 1, 2, 3], rate=800)
+    try:
+        first = start_cluster(2, args_of("a", "--stall-timeout", "2"), tmp_path, "a")
+        chief = first[0]
+        wait_until(lambda: len(checkpoints(chief.log())) >= 3, START_S, "3 checkpoints", *first)
+        dead, survivor = first[victim], first[1 - victim]
+        if victim == 1:
+            # Hung but alive: the other's rounds stop, and so does its /healthz.
+            dead.signal(signal.SIGSTOP)
+            wait_until(lambda: healthz(survivor)[0] == 503, 8, "/healthz 503", survivor)
+            assert "trainer made no progress" in healthz(survivor)[1]
+        dead.kill()
+        t0 = time.monotonic()
+        rc = survivor.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        sent = producer.stop()
+    assert rc != 0, survivor.tail()
+    assert f"lost worker {victim}" in survivor.log(), survivor.tail()
+    print(f"kill -9 of worker {victim}: the other exited ({rc}) {took:.1f}s later; {sent} produced")
+
+    step, offsets = latest_checkpoint(ckpt)
+    logged = checkpoints(chief.log())
+    second = start_cluster(2, args_of("b", "--stop-after-idle", "4"), tmp_path, "b")
+    assert [w.wait(START_S + 90) for w in second] == [0, 0], tails(*second)
+    for i, w in enumerate(second):
+        m = _RESTORE.search(w.log())
+        assert m, w.tail()
+        assert int(m.group(1)) == step
+        if step in logged:  # logged unless the kill fell between the save and the log line
+            assert m.group(3) == logged[step], "restored weights differ from the checkpoint's"
+        mine = ast.literal_eval(m.group(2))
+        assert mine == {p: o for p, o in offsets.items() if p % 2 == i}
+    chief_line = _CHIEF_RESTORED.search(second[0].log())
+    assert chief_line and ast.literal_eval(chief_line.group(2)) == offsets
+
+    ends = end_offsets(kafka_bootstrap, topic)
+    again = audits(*(tmp_path / f"audit-b-{i}.csv" for i in (0, 1)), topic=topic)
+    assert all(o >= offsets.get(p, 0) for p, o in again), (
+        "the restart retrained records below the checkpoint"
+    )
+    counts = audits(*(tmp_path / f"audit-{r}-{i}.csv" for r in "ab" for i in (0, 1)), topic=topic)
+    missing = all_records(ends) - counts.keys()
+    assert not missing, f"lost: {summarize(sorted(missing))}"
+    assert again.keys() >= all_records(ends) - all_records(offsets)
+    assert max(again.values()) == 1
+    assert committed_offsets(kafka_bootstrap, group_id, topic) == ends
