@@ -99,8 +99,10 @@ class ClusterStep:
     """The compiled functions of a round, on every worker alike.
 
     >>> step = ClusterStep(strategy, bundle, topology)            # doctest: +SKIP
-    >>> ctrl = step.sync(local_vector)                             # all-reduced (SUM)
-    >>> loss_sum = step.train(features, weight, global_rows)      # this worker's Σ w·loss
+    >>> ctrl = step.sync(local_vector)                             # doctest: +SKIP
+    >>> loss_sum = step.train(features, weight, global_rows)      # doctest: +SKIP
+
+    ``sync`` returns the all-reduced (SUM) vector; ``train`` this worker's Σ weight·loss.
     """
 
     def __init__(
