@@ -68,7 +68,9 @@ _QUEUE_BLOCKS = 8
 #: A pass never ends on idle shards in multi-worker training: a worker whose input pauses
 #: pads its batches instead (its consumers stay open).
 _NO_IDLE_END_S = 10.0**9
-#: After a lost peer, the seconds left to close consumers before the process exits anyway.
+#: After a lost peer: the seconds given to closing the consumers, and to all of the clean-up
+#: before the process exits anyway.
+_ABORT_CLOSE_S = 1.0
 _ABORT_CLEANUP_S = 5.0
 
 
@@ -423,10 +425,11 @@ class DistributedWorker:
         except PeerLostError as exc:
             log.error("%s", exc)
             self.exit_now = True
-            # Closing the consumers is worth a few seconds, never a hang.
+            # Closing the consumers is worth a moment, never a hang.
             deadline = threading.Timer(_ABORT_CLEANUP_S, os._exit, args=(1,))
             deadline.daemon = True
             deadline.start()
+            self._abandon()
             return 1
         except ConfigError as exc:
             log.error("%s", exc)
@@ -601,6 +604,22 @@ class DistributedWorker:
         self.position.commit(points)
 
     # ---- shutdown -----------------------------------------------------------------------------
+
+    def _abandon(self) -> None:
+        """A lost peer: the input pipeline may never stop cleanly now (TensorFlow aborted its
+        collectives); keep what is written, close the consumers for a moment at most."""
+        self._stop_wanted.set()
+        self._reader_stop.set()
+        self._reader = None  # not joined
+        if self.audit is not None:
+            self.audit.close()
+            self.audit = None
+        source, self.source = self.source, None
+        if source is not None:
+            source.stop()
+            closing = threading.Thread(target=source.close, name="streamer-abort", daemon=True)
+            closing.start()
+            closing.join(_ABORT_CLOSE_S)
 
     def _shutdown(self) -> None:
         self.health.set_ready(False, "shutting down")
