@@ -483,10 +483,11 @@ class DistributedWorker:
                 and self.checkpointer is not None
                 and now - self._last_checkpoint[1] >= cfg.checkpoint_every_seconds
             )
+            stop_here = self._stop_wanted.is_set()  # what this worker says, and why, once
             ctrl = self.steps.sync(
                 Control.local(
                     real=batch.real,
-                    stop=self._stop_wanted.is_set(),
+                    stop=stop_here,
                     done=done,
                     checkpoint=timer,
                     full=batch.real == batch.size,
@@ -510,7 +511,7 @@ class DistributedWorker:
                 last_checkpoint_step=self._last_checkpoint[0],
                 checkpoint_every_steps=cfg.checkpoint_every_steps if self.checkpointer else None,
                 max_steps=cfg.max_steps,
-                stopping_here=self._stop_reason if self._stop_wanted.is_set() else None,
+                stopping_here=self._stop_reason if stop_here else None,
                 stop_after_idle=cfg.stop_after_idle,
             )
             if decision.checkpoint and self.checkpointer is not None:
