@@ -287,9 +287,14 @@ class ConsumerSettings:
         return f"{self.worker_id}-shard-{shard_index}"
 
     def static_partitions(self, shard_index: int, num_shards: int) -> list[int]:
-        """Static mode: shard k takes the partitions p with p % N == k."""
+        """Static mode: shard k takes every N-th partition of the sorted list, from the k-th.
+
+        For the partitions 0..P-1 of a whole topic that is p % N == k; for any other list
+        (one worker's share of a multi-worker cluster: 1, 3, 5, ...) every shard still gets
+        its part.
+        """
         assert self.partitions is not None
-        return sorted(p for p in self.partitions if p % num_shards == shard_index)
+        return sorted(set(self.partitions))[shard_index::num_shards]
 
     def describe(self) -> dict[str, Any]:
         """A loggable view: secrets shown as ***."""

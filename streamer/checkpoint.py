@@ -98,10 +98,21 @@ class Checkpointer:
         return True
 
     def save(self, step: int, offsets: Mapping[int, int]) -> str:
+        self._assign(step, offsets)
+        path: str = self.manager.save(checkpoint_number=step)
+        return path
+
+    def write_copy(self, prefix: str, step: int, offsets: Mapping[int, int]) -> str:
+        """The same checkpoint written to ``prefix``, outside the managed directory (a worker
+        of a multi-worker cluster other than the chief: every worker must save, and only the
+        chief's copy is kept)."""
+        self._assign(step, offsets)
+        path: str = self._ckpt.write(prefix)
+        return path
+
+    def _assign(self, step: int, offsets: Mapping[int, int]) -> None:
         parts = sorted(offsets)
         self._step.assign(step)
         self._parts.assign(np.asarray(parts, dtype=np.int64))
         self._offsets.assign(np.asarray([offsets[p] for p in parts], dtype=np.int64))
         self._topic.assign(f"{self.topic}\n{self.topic_id}" if self.topic_id else self.topic)
-        path: str = self.manager.save(checkpoint_number=step)
-        return path

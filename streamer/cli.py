@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from consumers.errors import ConfigError, StreamerError
 
 if TYPE_CHECKING:
+    from streamer.config import WorkerConfig
     from streamer.simulator import Task
 
 __all__ = ["main"]
@@ -50,6 +51,9 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # kafka-python is chatty at INFO (every connection and rebalance step).
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
     logging.getLogger("confluent_kafka").setLevel(max(logging.WARNING, root.level))
+    # Multi-worker training: TensorFlow logs every collective it builds at INFO.
+    logging.getLogger("tensorflow").setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("absl").setLevel(max(logging.WARNING, root.level))
     # "Task ran for 0.1s ... blocking the event loop": kafka-python's IO thread noticing that
     # another thread held the GIL (decode, training). Expected in a busy worker, not an error.
     logging.getLogger("kafka.net.selector").setLevel(max(logging.ERROR, root.level))
@@ -179,6 +183,25 @@ def _parser() -> argparse.ArgumentParser:
         "[default: read_committed]",
     )
     lag.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    launch = sub.add_parser(
+        "launch",
+        help="start N workers of one model on this host (multi-worker training, for demos)",
+        description=(
+            "Start N `streamer run` processes that train one model together "
+            "(MultiWorkerMirroredStrategy), each with its own TF_CONFIG on free local ports. "
+            "Everything after -- goes to each worker; {index} in it becomes the worker's index "
+            "(e.g. --audit-log audit-{index}.csv), and a non-zero --metrics-port P becomes "
+            "P + index. SIGTERM/SIGINT go to every worker; the exit code is the first non-zero "
+            "one of the workers."
+        ),
+    )
+    launch.add_argument("--workers", type=int, required=True, help="number of workers")
+    launch.add_argument(
+        "--host", default="127.0.0.1", help="address the workers listen on [default: 127.0.0.1]"
+    )
+    launch.add_argument(
+        "run_args", nargs=argparse.REMAINDER, help="-- then the options of `streamer run`"
+    )
     bench = sub.add_parser(
         "bench",
         help="measure raw kafka-python, a naive pipeline, ours and the worker on one topic",
@@ -335,11 +358,42 @@ def _cmd_run(args: argparse.Namespace) -> int:
     params = {k: v for k, v in vars(args).items() if k != "command"}
     config = load_config(params)
     configure_logging(config.log_level, config.log_format)
+    return _run_worker(config)
+
+
+def _run_worker(config: WorkerConfig) -> int:
+    """The worker, or with TF_CONFIG / --cluster-workers naming several workers, one worker
+    of a model trained on all of them (streamer/distributed.py)."""
+    from streamer.multiworker import topology_from
+
+    topology = topology_from(
+        os.environ, cluster_workers=config.cluster_workers, worker_index=config.worker_index
+    )
+    if topology is not None and topology.count > 1:
+        from streamer.distributed import DistributedWorker
+
+        worker = DistributedWorker(config, topology)
+        code = worker.run()
+        if worker.exit_now:  # a lost peer: TensorFlow's collective runtime may never let go
+            logging.shutdown()
+            os._exit(code)
+        _exit_guard(code, config.shutdown_timeout)
+        return code
     from streamer.worker import Worker
 
     code = Worker(config).run()
     _exit_guard(code, config.shutdown_timeout)
     return code
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    configure_logging("INFO")
+    from streamer.launch import launch
+
+    run_args = list(args.run_args)
+    if run_args[:1] == ["--"]:
+        run_args = run_args[1:]
+    return launch(args.workers, run_args, host=args.host)
 
 
 def _exit_guard(code: int, seconds: float) -> None:
@@ -373,11 +427,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         params["partitions"] = ",".join(str(p) for p in parts)
     config = load_config(params, stop_at=args.replay_to)
     configure_logging(config.log_level, config.log_format)
-    from streamer.worker import Worker
-
-    code = Worker(config).run()
-    _exit_guard(code, config.shutdown_timeout)
-    return code
+    return _run_worker(config)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -436,6 +486,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "simulate": _cmd_simulate,
         "lag": _cmd_lag,
         "bench": _cmd_bench,
+        "launch": _cmd_launch,
     }
     try:
         return handlers[args.command](args)

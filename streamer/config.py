@@ -90,6 +90,8 @@ class WorkerConfig(Options):
             "shutdown_timeout",
             "idle_timeout",
             "status_interval",
+            "stall_timeout",
+            "pad_after_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "a positive number of seconds")
@@ -99,6 +101,10 @@ class WorkerConfig(Options):
             raise ConfigError(
                 "stop_after_idle", self.stop_after_idle, "a positive number of seconds or unset"
             )
+        if not 0 <= self.peer_stop_exit_code <= 255:
+            raise ConfigError("peer_stop_exit_code", self.peer_stop_exit_code, "an exit code 0-255")
+        if self.worker_index is not None and self.worker_index < 0:
+            raise ConfigError("worker_index", self.worker_index, "an index from 0, or unset")
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError(
                 "metrics_port", self.metrics_port, "a port number 0-65535 (0 disables)"

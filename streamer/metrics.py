@@ -314,6 +314,23 @@ class Metrics:
             "last_checkpoint_timestamp_seconds", "When the last checkpoint succeeded (Unix time)."
         )
 
+        # Multi-worker training (one model on N workers; streamer/distributed.py).
+        self.padded_rows = counter(
+            "padded_rows",
+            "Weight-0 rows that completed a batch when this worker's input had no more records "
+            "within --pad-after-seconds (multi-worker training; 0 on a worker of its own).",
+        )
+        self.idle_steps = counter(
+            "idle_steps",
+            "Rounds of the multi-worker cluster in which no worker had a real row: no weight "
+            "changed (not counted in train_steps_total).",
+        )
+        self.cluster_workers = gauge(
+            "cluster_workers",
+            "Workers training this one model together (1 for a worker on its own).",
+        )
+        self.cluster_workers.set(1)
+
         # Model.
         self.eval_loss = gauge("eval_loss", "Loss of the last evaluation; 0 until the first.")
         self.eval_metric = gauge(
@@ -517,6 +534,14 @@ class Metrics:
         self.input_wait.observe(input_wait_seconds)
         if loss is not None:
             self.model_loss.set(loss)
+
+    def observe_round(self, padded_rows: int, idle: bool) -> None:
+        """One multi-worker round: the padding rows of this worker's batch, and whether no
+        worker had a real row (an idle step)."""
+        if padded_rows:
+            self.padded_rows.inc(padded_rows)
+        if idle:
+            self.idle_steps.inc()
 
     def declare_eval_metrics(self, names: Iterable[str]) -> None:
         """Create ``eval_metric{metric=name}`` at 0 for each compiled metric (at start-up)."""

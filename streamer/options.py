@@ -288,6 +288,35 @@ class Options:
         None, "capture a TensorFlow Profiler trace for steps A:B into --logdir", group="online"
     )
 
+    # ---- multi-worker (issue 15: one model on N workers; streamer/distributed.py) -------------
+    cluster_workers: str | None = option(
+        None,
+        "train one model on N workers (MultiWorkerMirroredStrategy) described by their "
+        "host:port list, comma-separated, worker 0 (the chief) first, instead of TF_CONFIG "
+        "(which, when set, describes the cluster; never both)",
+        group="multi-worker",
+    )
+    worker_index: int | None = option(
+        None,
+        "this worker's place in --cluster-workers",
+        group="multi-worker",
+        shown="$JOB_COMPLETION_INDEX",
+    )
+    pad_after_seconds: float = option(
+        0.5,
+        "multi-worker: a batch still short of --batch-size records after this many seconds is "
+        "completed with weight-0 padding, so a worker whose partitions are quiet never holds "
+        "the others up for longer",
+        group="multi-worker",
+    )
+    peer_stop_exit_code: int = option(
+        0,
+        "multi-worker: exit code of a worker that checkpointed and stopped because another "
+        "worker was stopped (SIGTERM); 75 under a Kubernetes JobSet, so that one evicted pod "
+        "restarts the whole set instead of completing it",
+        group="multi-worker",
+    )
+
     # ---- simulator ---------------------------------------------------------------------------
     sim_partitions: int = option(4, "embedded simulator: virtual partitions", group="simulator")
     sim_rate: float | None = option(
@@ -314,6 +343,12 @@ class Options:
     )
     metrics_port: int = option(
         9464, "port of /metrics, /healthz, /readyz; 0 disables the server", group="operations"
+    )
+    stall_timeout: float = option(
+        120.0,
+        "/healthz fails when the trainer finished no step (multi-worker: no round of the "
+        "cluster) for this many seconds while not waiting for input",
+        group="operations",
     )
     log_level: LogLevel = option("INFO", "log level", group="operations")
     log_format: LogFormat = option("text", "log line format", group="operations")

@@ -40,6 +40,14 @@ class SignalWatch:
             for signum in data:
                 self._on_signal(signum)
 
+    def rearm(self) -> None:
+        """Take the signals back from a library that installed its own C-level handlers since
+        (TensorFlow's coordination service, started by MultiWorkerMirroredStrategy, installs
+        one for SIGTERM and tells nobody in Python)."""
+        for s in self._old_handlers:
+            signal.signal(s, _ignore_here)
+        signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+
     def close(self) -> None:
         signal.set_wakeup_fd(self._old_fd)
         for s, h in self._old_handlers.items():

@@ -202,6 +202,25 @@ class StreamSource:
         prefetch = self.settings.prefetch_batches
         return ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)
 
+    def flat_blocks(self) -> tf.data.Dataset:
+        """Decoded blocks, not batched: each element is the decode's flat outputs (every
+        feature, a variable-length one as values and row lengths, then partition, offset,
+        timestamp), with 0 rows for an idle tick (a shard that waits), so an iterator never
+        blocks for long while the shards are up. For a caller that batches rows itself
+        (multi-worker training pads its batches: streamer/padding.py). Each iteration is one
+        pass, as for ``dataset()``.
+        """
+        tout = output_types(self.schema)
+
+        def decode(handle: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            out = tf.numpy_function(
+                self._decode_np, [handle], tout, stateful=True, name="decode_block"
+            )
+            return tuple(out)
+
+        ds = self.blocks().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        return ds.prefetch(tf.data.AUTOTUNE)
+
     # ---- generator (runs on tf.data's threads) ----------------------------------------------
 
     def begin_pass(self) -> None:

@@ -62,7 +62,7 @@ class Worker:
         self._signals = 0
         self._last_data = time.monotonic()
         self.metrics: Metrics | None = None
-        self.health = Health()
+        self.health = Health(config.stall_timeout)
         self.server: MetricsServer | None = None
         self.exporter: Exporter | None = None
         self.summaries: TrainingSummaries | None = None

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,9 +48,14 @@ class WorkerProcess:
         WorkerProcess.started.append(self)
 
     @classmethod
-    def start(cls, args: Sequence[str], log_path: Path) -> WorkerProcess:
+    def start(
+        cls, args: Sequence[str], log_path: Path, *, env_extra: Mapping[str, str] | None = None
+    ) -> WorkerProcess:
+        """``env_extra``: variables set for this worker only (TF_CONFIG of a cluster)."""
         env = dict(os.environ)
         env.update(PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+        env.pop("TF_CONFIG", None)
+        env.update(env_extra or {})
         # A STREAMER_* variable in the test environment must not change the worker under test.
         for key in [k for k in env if k.startswith("STREAMER_")]:
             del env[key]

@@ -23,6 +23,7 @@ DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 DOCKERIGNORE = DEPLOY / "docker" / "Dockerfile.dockerignore"
 COMPOSE = DEPLOY / "compose.yaml"
 K8S = DEPLOY / "kubernetes"
+K8S_MW = K8S / "multiworker"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
 GRAFANA_DIR = DEPLOY / "grafana"
 
@@ -62,6 +63,9 @@ METRICS: dict[str, str] = {
     "streamer_eval_metric": "gauge",
     "streamer_model_loss": "gauge",
     "streamer_build_info": "gauge",
+    "streamer_padded_rows_total": "counter",
+    "streamer_idle_steps_total": "counter",
+    "streamer_cluster_workers": "gauge",
 }
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 
@@ -73,6 +77,8 @@ RUN_OPTIONS: tuple[str, ...] = (
     "dead-letter-topic", "max-steps", "stop-after-idle", "shutdown-timeout", "audit-log",
     "auto-offset-reset", "security-protocol", "sasl-mechanism", "sasl-username", "ssl-cafile",
     "ssl-certfile", "ssl-keyfile", "log-level", "log-format", "config",
+    "cluster-workers", "worker-index", "pad-after-seconds", "peer-stop-exit-code",
+    "stall-timeout",
 )  # fmt: skip
 SIMULATE_OPTIONS: tuple[str, ...] = (
     "bootstrap", "topic", "records", "partitions", "rate", "record-bytes", "seed", "log-level",
@@ -855,3 +861,159 @@ def test_kustomize_builds() -> None:
     assert proc.returncode == 0, proc.stderr
     kinds = {doc["kind"] for doc in yaml.safe_load_all(proc.stdout) if doc}
     assert kinds == {"ConfigMap", "Secret", "Service", "StatefulSet", "PodMonitor", "NetworkPolicy"}
+
+
+# --------------------------------------------------------------------------------------------
+# One model on N workers: deploy/kubernetes/multiworker/ (a JobSet)
+
+
+@cache
+def _mw(kind: str) -> dict[str, Any]:
+    """The one object of ``kind`` in deploy/kubernetes/multiworker/."""
+    found = [
+        doc
+        for path in sorted(K8S_MW.glob("*.yaml"))
+        if path.name != "kustomization.yaml"
+        for doc in yaml.safe_load_all(path.read_text(encoding="utf-8"))
+        if isinstance(doc, dict) and doc.get("kind") == kind
+    ]
+    assert len(found) == 1, f"expected one {kind} in {_rel(K8S_MW)}, found {len(found)}"
+    return found[0]
+
+
+def _mw_job() -> dict[str, Any]:
+    (rjob,) = _mw("JobSet")["spec"]["replicatedJobs"]
+    job: dict[str, Any] = rjob["template"]["spec"]
+    return job
+
+
+def _mw_pod() -> dict[str, Any]:
+    pod: dict[str, Any] = _mw_job()["template"]
+    return pod
+
+
+def _mw_container() -> dict[str, Any]:
+    (container,) = _mw_pod()["spec"]["containers"]
+    assert isinstance(container, dict)
+    return container
+
+
+def _mw_config() -> dict[str, str]:
+    data: dict[str, str] = _mw("ConfigMap")["data"]
+    return data
+
+
+def test_multiworker_kustomization_lists_every_manifest() -> None:
+    resources = _load_yaml(K8S_MW / "kustomization.yaml")["resources"]
+    on_disk = {p.name for p in K8S_MW.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(resources) == on_disk
+    assert _mw("JobSet")["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+
+
+def test_multiworker_hosts_are_the_jobsets_pods_on_the_headless_service() -> None:
+    """STREAMER_CLUSTER_WORKERS names pod <jobset>-<job>-0-<index>.<subdomain>:<cluster port>
+    for every index of the Indexed Job, N = parallelism = completions."""
+    jobset = _mw("JobSet")
+    (rjob,) = jobset["spec"]["replicatedJobs"]
+    job = _mw_job()
+    n = job["parallelism"]
+    assert rjob["replicas"] == 1 and job["completions"] == n and n >= 2
+    assert job["completionMode"] == "Indexed"
+    network = jobset["spec"]["network"]
+    service = _mw("Service")
+    assert network["enableDNSHostnames"] is True
+    assert network["subdomain"] == service["metadata"]["name"]
+    ports = {p["name"]: p["containerPort"] for p in _mw_container()["ports"]}
+    hosts = _mw_config()["STREAMER_CLUSTER_WORKERS"].split(",")
+    prefix = f"{jobset['metadata']['name']}-{rjob['name']}-0"
+    assert hosts == [f"{prefix}-{i}.{network['subdomain']}:{ports['cluster']}" for i in range(n)]
+    spec = service["spec"]
+    assert spec["clusterIP"] == "None" and spec["publishNotReadyAddresses"] is True
+    assert {p["name"]: p["port"] for p in spec["ports"]}["cluster"] == ports["cluster"]
+    assert spec["selector"].items() <= _mw_pod()["metadata"]["labels"].items()
+    # The index comes from the Job (JOB_COMPLETION_INDEX), never from the shared ConfigMap.
+    assert "STREAMER_WORKER_INDEX" not in _mw_config()
+    assert "TF_CONFIG" not in {e["name"] for e in _mw_container()["env"]}
+
+
+def test_multiworker_one_failure_restarts_the_whole_set() -> None:
+    jobset = _mw("JobSet")
+    job = _mw_job()
+    assert job["backoffLimit"] == 0, "a failed pod must fail the Job (the JobSet restarts all)"
+    assert _mw_pod()["spec"]["restartPolicy"] == "Never"
+    assert jobset["spec"]["failurePolicy"]["maxRestarts"] >= 1
+    # A worker stopped because another got SIGTERM fails its Job: the set restarts.
+    assert int(_mw_config()["STREAMER_PEER_STOP_EXIT_CODE"]) != 0
+
+
+def test_multiworker_checkpoints_on_storage_every_pod_mounts() -> None:
+    pvc = _mw("PersistentVolumeClaim")
+    assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+    volumes = {v["name"]: v for v in _mw_pod()["spec"]["volumes"]}
+    checkpoint_dir = PurePosixPath(_mw_config()["STREAMER_CHECKPOINT_DIR"])
+    mounts = [
+        m for m in _mw_container()["volumeMounts"] if checkpoint_dir.is_relative_to(m["mountPath"])
+    ]
+    assert mounts, f"nothing mounted above {checkpoint_dir}"
+    claim = volumes[mounts[-1]["name"]]["persistentVolumeClaim"]["claimName"]
+    assert claim == pvc["metadata"]["name"]
+
+
+def test_multiworker_probes_grace_and_security_match_the_single_worker() -> None:
+    container, pod = _mw_container(), _mw_pod()["spec"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == METRICS_PORT == int(_mw_config()["STREAMER_METRICS_PORT"])
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "metrics"}
+    liveness = container["livenessProbe"]
+    assert float(_mw_config()["STREAMER_STALL_TIMEOUT"]) < (
+        liveness["periodSeconds"] * liveness["failureThreshold"] * 2
+    ), "a hung cluster must be restarted within minutes"
+    assert pod["terminationGracePeriodSeconds"] > _seconds(
+        _mw_config()["STREAMER_SHUTDOWN_TIMEOUT"]
+    )
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["enableServiceLinks"] is False
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    env = {e["name"]: e for e in container["env"]}
+    assert env["STREAMER_WORKER_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert {"configMapRef": {"name": _mw("ConfigMap")["metadata"]["name"]}} in container["envFrom"]
+    assert container["args"] == ["run"]
+
+
+def test_multiworker_pods_are_scraped_as_job_streamer_and_may_talk_to_each_other() -> None:
+    labels = _mw_pod()["metadata"]["labels"]
+    podmonitor = _mw("PodMonitor")["spec"]
+    assert labels[podmonitor["jobLabel"]] == "streamer", 'alerts select job="streamer"'
+    assert podmonitor["selector"]["matchLabels"].items() <= labels.items()
+    assert [e["port"] for e in podmonitor["podMetricsEndpoints"]] == ["metrics"]
+    # Not selected by the single-worker PodMonitor too (every series would be scraped twice).
+    single = _k8s("PodMonitor")["spec"]["selector"]["matchLabels"]
+    assert not single.items() <= labels.items()
+    policy = _mw("NetworkPolicy")["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= labels.items()
+    cluster = {p["containerPort"] for p in _mw_container()["ports"] if p["name"] == "cluster"}
+    ingress = {p["port"] for r in policy["ingress"] for p in r["ports"]}
+    egress = {p["port"] for r in policy["egress"] for p in r["ports"]}
+    assert ingress == {METRICS_PORT, *cluster} and cluster <= egress
+    for server in _mw_config()["STREAMER_BOOTSTRAP"].split(","):
+        assert int(server.rsplit(":", 1)[1]) in egress
+    annotations = _mw_pod()["metadata"]["annotations"]
+    assert int(annotations["prometheus.io/port"]) == METRICS_PORT
+
+
+def test_multiworker_kustomize_builds() -> None:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl not installed")
+    proc = subprocess.run(
+        [kubectl, "kustomize", str(K8S_MW)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(proc.stdout) if doc}
+    assert kinds == {
+        "ConfigMap", "Service", "PersistentVolumeClaim", "JobSet", "PodMonitor", "NetworkPolicy"
+    }  # fmt: skip

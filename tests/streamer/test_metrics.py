@@ -85,6 +85,8 @@ def test_every_series_exists_at_zero_from_start_up() -> None:
         ("streamer_input_wait_seconds_bucket", {"le": "60.0"}),
         ("streamer_train_step_seconds_count", {}),
         ("streamer_commit_duration_seconds_count", {}),
+        ("streamer_padded_rows_total", {}),
+        ("streamer_idle_steps_total", {}),
     ]
     expected += [("streamer_decode_errors_total", {**t, "reason": r}) for r in DECODE_ERROR_REASONS]
     expected += [("streamer_kafka_errors_total", {"type": k}) for k in KAFKA_ERROR_TYPES]
@@ -107,6 +109,7 @@ def test_every_series_exists_at_zero_from_start_up() -> None:
     assert len(DECODE_ERROR_REASONS) == 8
     build = {"version": "0.1.0", "tensorflow": "2.21.0", "kafka_python": "3.0.12"}
     assert value(m, "streamer_build_info", **build) == 1.0
+    assert value(m, "streamer_cluster_workers") == 1.0  # a worker on its own
 
 
 def test_per_partition_series_exist_at_zero_once_assigned() -> None:

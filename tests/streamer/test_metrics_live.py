@@ -75,6 +75,8 @@ COUNTERS = {
     "rebalances_total": {"event"},
     "kafka_errors_total": {"type"},
     "checkpoints_total": {"result"},
+    "padded_rows_total": set(),
+    "idle_steps_total": set(),
 }
 PER_PARTITION = {
     "partition_high_watermark_offset",
@@ -92,6 +94,7 @@ GAUGES = {
     "last_poll_timestamp_seconds": set(),
     "assigned_partitions": set(),
     "last_checkpoint_timestamp_seconds": set(),
+    "cluster_workers": set(),
     "build_info": {"version", "tensorflow", "kafka_python"},
 }
 HISTOGRAMS = {
