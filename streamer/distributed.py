@@ -115,6 +115,14 @@ def check_config(cfg: WorkerConfig, topology: Topology) -> None:
     ):
         if getattr(cfg, name) is not None:
             raise ConfigError(name, getattr(cfg, name), f"{topology.describe()}: {why}")
+    if cfg.mixed_precision:
+        raise ConfigError(
+            "mixed_precision",
+            True,
+            f"{topology.describe()}: not with several workers yet (Keras' loss scaling checks "
+            "each worker's gradients before they are all-reduced, so workers could disagree "
+            "on skipping a step and wait for each other forever)",
+        )
 
 
 class DistributedWorker:
@@ -191,20 +199,13 @@ class DistributedWorker:
             topo.source,
             topo.hosts[0],
         )
-        strategy = make_strategy(topo)
-        if self._signal_watch is not None:
-            self._signal_watch.rearm()  # TensorFlow's coordination service took SIGTERM
-        if cfg.seed is not None:
-            tf.keras.utils.set_random_seed(cfg.seed)
-        if cfg.mixed_precision:
-            import keras
-
-            keras.mixed_precision.set_global_policy("mixed_float16")
         import kafka
 
         from consumers.admin import wait_for_topic
         from streamer import __version__
 
+        # Metrics and probes first (no TensorFlow op): forming the cluster waits for every
+        # worker, and a probe should find this one alive meanwhile.
         metrics = self.metrics = Metrics(
             cfg.topic,
             version=__version__,
@@ -217,6 +218,11 @@ class DistributedWorker:
                 metrics.registry, self.health, host=cfg.metrics_host, port=cfg.metrics_port
             ).start()
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.server.port)
+        strategy = make_strategy(topo)
+        if self._signal_watch is not None:
+            self._signal_watch.rearm()  # TensorFlow's coordination service took SIGTERM
+        if cfg.seed is not None:
+            tf.keras.utils.set_random_seed(cfg.seed)
         self.schema = cfg.load_schema()
         with strategy.scope():
             self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
@@ -439,6 +445,12 @@ class DistributedWorker:
             log.error("%s", exc)
             self.exit_now = True
             return 1
+        except Exception:
+            # A bug or an unexpected library error: the peers must not wait in a collective
+            # for this worker, so it ends like a lost peer would (exit_now).
+            log.exception("%s: worker failed", self.topology.describe())
+            self.exit_now = True
+            return 1
         finally:
             self._shutdown()
             self._finished.set()
@@ -568,8 +580,8 @@ class DistributedWorker:
                 )
             ok = True
         except (OSError, tf.errors.OpError) as exc:
-            if isinstance(exc, tf.errors.OpError) and is_peer_loss(exc):
-                raise
+            # A save is local (no collective): a full or read-only volume is this worker's
+            # failure, not a lost peer. A peer that is really gone shows at the sync below.
             log.error("checkpoint at step %d failed: %s", self.step, exc)
             ok = False
         finally:
