@@ -87,8 +87,9 @@ class Options:
     )
     shards: int = option(
         2,
-        "consumer shards: Kafka consumers, each polling on its own thread or child process "
-        "(--shard-runtime)",
+        "consumer shards: Kafka consumers, each polling in a child process or on a thread "
+        "(--shard-runtime: by default child processes with kafka-python, 2+ shards and 2+ "
+        "usable CPU cores, else threads; the start line names the runtime in use)",
         group="kafka",
         to="consumer.num_shards",
     )

@@ -380,7 +380,7 @@ def test_eval_topic_needs_kafka(tmp_path: Path) -> None:
     # A configuration that cannot work is refused when it is built (the CLI exits 2 on it).
     from consumers.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="eval_topic.*needs --bootstrap"):
+    with pytest.raises(ConfigError, match=r"eval_topic.*needs --bootstrap"):
         run_in_process(max_steps=5, eval_topic="held-out")
 
 
