@@ -20,6 +20,8 @@ from consumers.clients import kafka_python_internals as internals
 from consumers.clients.kafka_python import connect, probe_consumer
 from consumers.errors import (
     BrokerUnavailableError,
+    GroupActiveError,
+    GroupResetError,
     TopicCreateError,
     TopicNotFoundError,
 )
@@ -31,6 +33,7 @@ __all__ = [
     "ensure_topic",
     "group_activity",
     "group_lag",
+    "reset_group",
     "wait_for_topic",
 ]
 
@@ -296,3 +299,51 @@ def group_activity(
         len(described.get("members") or []),
         committed,
     )
+
+
+def reset_group(
+    bootstrap: str,
+    group: str,
+    topic: str,
+    offsets: dict[int, int],
+    *,
+    security: SecuritySettings | None = None,
+    timeout_ms: int = 10_000,
+) -> None:
+    """Commit ``offsets`` of ``topic`` for ``group``, as Kafka's
+    ``kafka-consumer-groups --reset-offsets --execute`` does.
+
+    The group must have no members (:class:`GroupActiveError`, checked first); a broker that
+    refuses a partition anyway (a member joined meanwhile) raises :class:`GroupResetError`.
+
+    >>> reset_group("127.0.0.1:9092", "trainer", "samples", {0: 120, 1: 98})   # doctest: +SKIP
+    """
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import OffsetAndMetadata
+
+    admin = connect(
+        KafkaAdminClient,
+        bootstrap,
+        security or SecuritySettings(),
+        timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
+    )
+    try:
+        described: dict[str, Any] = admin.describe_groups([group]).get(group) or {}
+        members = len(described.get("members") or [])
+        if members:
+            raise GroupActiveError(group, members)
+        result = admin.alter_group_offsets(
+            group,
+            {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()},
+        )
+    finally:
+        admin.close()
+    failed = {
+        tp.partition: getattr(err, "__name__", str(err))
+        for tp, err in result.items()
+        if err is not kerrors.NoError
+    }
+    if failed:
+        raise GroupResetError(group, failed)

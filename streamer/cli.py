@@ -1,4 +1,5 @@
-"""The ``streamer`` command: run the worker, simulate a producer, show a group's lag."""
+"""The ``streamer`` command: run the worker, replay a range, simulate a producer, show a group's
+lag and reset it."""
 
 from __future__ import annotations
 
@@ -267,6 +268,34 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "[default: read_committed]",
     )
     lag.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    reset = sub.add_parser(
+        "reset-group",
+        help="move a stopped consumer group's committed offsets to a time, the earliest or "
+        "the latest records (a dry run unless --execute)",
+        description=(
+            "Show, and with --execute commit, new offsets of a consumer group on a topic: the "
+            "first record at or after a time (inclusive), or the topic's earliest or latest "
+            "offsets, as Kafka's kafka-consumer-groups --reset-offsets does. The group must "
+            "have no members (stop its workers first). A worker with --checkpoint-dir starts "
+            "from its checkpoint, not from the group's offsets: move it with --start-from."
+        ),
+    )
+    reset.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    reset.add_argument("--group", required=True, help="consumer group id")
+    reset.add_argument("--topic", required=True, help="the topic whose offsets move")
+    reset.add_argument(
+        "--to",
+        dest="reset_to",
+        metavar="TO",
+        required=True,
+        help=f"where the group resumes: {RANGE_FORMS}; a partition with no record at or after "
+        "a time resumes at its end",
+    )
+    reset.add_argument(
+        "--execute", action="store_true", help="commit the new offsets [default: a dry run]"
+    )
+
     bench = sub.add_parser(
         "bench",
         help="measure raw kafka-python, a naive pipeline, ours and the worker on one topic",
@@ -344,7 +373,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     bench.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
-    return parser, {"run": run, "replay": replay, "simulate": sim, "lag": lag, "bench": bench}
+    commands = {"run": run, "replay": replay, "simulate": sim, "lag": lag, "bench": bench}
+    return parser, {**commands, "reset-group": reset}
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -569,6 +599,38 @@ def _cmd_lag(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_reset_group(args: argparse.Namespace) -> int:
+    configure_logging("WARNING")
+    from consumers.admin import group_activity, reset_group
+    from consumers.errors import GroupActiveError
+    from consumers.positions import start_offsets
+    from consumers.settings import ConsumerSettings
+    from streamer.replay import parse_bound
+
+    position = parse_bound(args.reset_to, "to")
+    activity = group_activity(args.bootstrap, args.group)
+    if activity.members:
+        raise GroupActiveError(args.group, activity.members)
+    settings = ConsumerSettings(
+        bootstrap_servers=args.bootstrap, topic=args.topic, group_id=args.group
+    )
+    new = start_offsets(settings, position)
+    current = {p: offset for p, (offset, _meta) in activity.committed_on(args.topic).items()}
+    print(f"{'GROUP':<30} {'TOPIC':<30} {'PARTITION':>9} {'CURRENT':>12} {'NEW':>12}")
+    for p in sorted(new):
+        now = "-" if current.get(p) is None else str(current[p])
+        print(f"{args.group:<30} {args.topic:<30} {p:>9} {now:>12} {new[p]:>12}")
+    if not args.execute:
+        print("dry run: nothing changed; add --execute to commit these offsets")
+        return 0
+    reset_group(args.bootstrap, args.group, args.topic, new)
+    print(
+        f"committed: group {args.group!r} resumes {args.topic} at NEW (a worker with "
+        "--checkpoint-dir resumes from its checkpoint instead: move it with --start-from)"
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     _quiet_tensorflow()
     parser, commands = _parsers()
@@ -580,6 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "replay": _cmd_replay,
         "simulate": _cmd_simulate,
         "lag": _cmd_lag,
+        "reset-group": _cmd_reset_group,
         "bench": _cmd_bench,
     }
     try:
