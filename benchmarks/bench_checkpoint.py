@@ -72,7 +72,7 @@ def measure(name: str, bundle: ModelBundle, saves: int, steps: int) -> dict[str,
         trainer.step(batch)
         times.append(time.perf_counter() - t0)
     step_s = statistics.median(times)
-    weights = sum(int(np.prod(v.shape)) * v.dtype.size for v in bundle.model.weights)
+    weights = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in bundle.model.weights)
     offsets = {p: 1_000_000 + p for p in range(12)}
     with tempfile.TemporaryDirectory(prefix="bench-ckpt-") as tmp:
         ckpt = Checkpointer(tmp, bundle, topic="bench", keep=3)
