@@ -39,7 +39,15 @@ from streamer.simulator import SimulatorTask  # noqa: E402
 from streamer.train import Trainer  # noqa: E402
 
 BATCH = 256
-CADENCES = ((1000, 300.0), (1000, 60.0), (500, 30.0), (1000, 30.0), (200, 10.0), (100, 5.0))
+CADENCES = (
+    (1000, 300.0),
+    (1000, 60.0),
+    (1000, 30.0),
+    (2000, 30.0),
+    (5000, 30.0),
+    (5000, 60.0),
+    (200, 10.0),
+)
 
 
 def big_model(mb: float) -> ModelBundle:
