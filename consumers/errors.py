@@ -156,7 +156,8 @@ class GroupActiveError(ConfigError):
             "group",
             group_id,
             f"has {members} active member(s): stop its workers first (a group's offsets can "
-            "only be moved while it has no members)",
+            "only be moved while it has no members; a stopped worker's static members leave "
+            "when their session times out, --session-timeout-ms, 45 s by default)",
         )
 
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from consumers.admin import reset_group
+from consumers.admin import group_activity, reset_group
 from consumers.errors import GroupActiveError
 from streamer.cli import main
 from tests.streamer.test_replay import commits, produce_timed, wait_until
@@ -45,7 +45,7 @@ def offsets(bootstrap: str, group: str, topic: str) -> dict[int, int]:
 
 
 @pytest.mark.kafka
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 def test_reset_group_dry_run_execute_and_a_live_group(
     kafka_bootstrap: str,
     make_topic: Callable[..., str],
@@ -93,7 +93,12 @@ def test_reset_group_dry_run_execute_and_a_live_group(
         enable_auto_commit=False, session_timeout_ms=6000,
     )  # fmt: skip
     try:
-        wait_until(lambda: bool(member.poll(200)) or bool(member.assignment()), 30, "a member")
+
+        def joined() -> bool:
+            member.poll(200)  # joins the group (an empty assignment is fine: it is a member)
+            return group_activity(kafka_bootstrap, group_id).members == 1
+
+        wait_until(joined, 60, "a member")
         for extra in ([], ["--execute"]):
             rc, out, err = cli(capsys, *common, "--to", "earliest", *extra)
             assert rc == 2, err
