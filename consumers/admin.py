@@ -20,12 +20,22 @@ from consumers.clients import kafka_python_internals as internals
 from consumers.clients.kafka_python import connect, probe_consumer
 from consumers.errors import (
     BrokerUnavailableError,
+    GroupActiveError,
+    GroupResetError,
     TopicCreateError,
     TopicNotFoundError,
 )
 from consumers.settings import ConsumerSettings, SecuritySettings
 
-__all__ = ["PartitionLag", "ensure_topic", "group_lag", "wait_for_topic"]
+__all__ = [
+    "GroupActivity",
+    "PartitionLag",
+    "ensure_topic",
+    "group_activity",
+    "group_lag",
+    "reset_group",
+    "wait_for_topic",
+]
 
 log = logging.getLogger(__name__)
 
@@ -228,3 +238,112 @@ def group_lag(
         c = committed.get(tp)
         out.append(PartitionLag(tp.topic, tp.partition, c, end, end - (c if c is not None else 0)))
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class GroupActivity:
+    """What a consumer group holds now: its state, members and committed offsets.
+
+    ``committed``: (topic, partition) → (offset, metadata) of every offset it committed.
+    """
+
+    group: str
+    state: str
+    members: int
+    committed: dict[tuple[str, int], tuple[int, str]]
+
+    @property
+    def known(self) -> bool:
+        """False for a group the broker knows nothing of (no members, no commits)."""
+        return self.members > 0 or bool(self.committed) or self.state not in ("Dead", "")
+
+    def committed_on(self, topic: str) -> dict[int, tuple[int, str]]:
+        return {p: v for (t, p), v in self.committed.items() if t == topic}
+
+
+def group_activity(
+    bootstrap: str,
+    group: str,
+    *,
+    security: SecuritySettings | None = None,
+    timeout_ms: int = 10_000,
+) -> GroupActivity:
+    """A group's state, member count and committed offsets (with their metadata).
+
+    >>> group_activity("127.0.0.1:9092", "trainer").members   # doctest: +SKIP
+    2
+    """
+    from kafka.admin import KafkaAdminClient
+
+    admin = connect(
+        KafkaAdminClient,
+        bootstrap,
+        security or SecuritySettings(),
+        timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
+    )
+    try:
+        described: dict[str, Any] = admin.describe_groups([group]).get(group) or {}
+        raw = admin.list_group_offsets(group).get(group, {})
+    finally:
+        admin.close()
+    committed = {
+        (tp.topic, tp.partition): (int(om.offset), om.metadata or "")
+        for tp, om in raw.items()
+        if om is not None and om.offset >= 0
+    }
+    return GroupActivity(
+        group,
+        str(described.get("group_state") or ""),
+        len(described.get("members") or []),
+        committed,
+    )
+
+
+def reset_group(
+    bootstrap: str,
+    group: str,
+    topic: str,
+    offsets: dict[int, int],
+    *,
+    security: SecuritySettings | None = None,
+    timeout_ms: int = 10_000,
+) -> None:
+    """Commit ``offsets`` of ``topic`` for ``group``, as Kafka's
+    ``kafka-consumer-groups --reset-offsets --execute`` does.
+
+    The group must have no members (:class:`GroupActiveError`, checked first); a broker that
+    refuses a partition anyway (a member joined meanwhile) raises :class:`GroupResetError`.
+
+    >>> reset_group("127.0.0.1:9092", "trainer", "samples", {0: 120, 1: 98})   # doctest: +SKIP
+    """
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import OffsetAndMetadata
+
+    admin = connect(
+        KafkaAdminClient,
+        bootstrap,
+        security or SecuritySettings(),
+        timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
+    )
+    try:
+        described: dict[str, Any] = admin.describe_groups([group]).get(group) or {}
+        members = len(described.get("members") or [])
+        if members:
+            raise GroupActiveError(group, members)
+        result = admin.alter_group_offsets(
+            group,
+            {TopicPartition(topic, p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()},
+        )
+    finally:
+        admin.close()
+    failed = {
+        tp.partition: getattr(err, "__name__", str(err))
+        for tp, err in result.items()
+        if err is not kerrors.NoError
+    }
+    if failed:
+        raise GroupResetError(group, failed)

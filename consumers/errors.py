@@ -8,8 +8,10 @@ __all__ = [
     "ClientFatalError",
     "ConfigError",
     "FencedError",
+    "GroupActiveError",
     "GroupProtocolError",
     "GroupRepairError",
+    "GroupResetError",
     "OffsetResetError",
     "PipelineError",
     "ShardFailedError",
@@ -137,6 +139,39 @@ class GroupRepairError(StreamerError):
         super().__init__(
             f"the broker refused to remove group member {instance!r} of group {group_id!r}: "
             f"{detail}"
+        )
+
+
+class GroupActiveError(ConfigError):
+    """A consumer group whose offsets were to move has members: its workers are running.
+
+    Kafka moves a group's committed offsets only while the group is empty (exit 2: stop the
+    group's workers first).
+    """
+
+    def __init__(self, group_id: str, members: int) -> None:
+        self.group_id = group_id
+        self.members = members
+        super().__init__(
+            "group",
+            group_id,
+            f"has {members} active member(s): stop its workers first (a group's offsets can "
+            "only be moved while it has no members; a stopped worker's static members leave "
+            "when their session times out, --session-timeout-ms, 45 s by default)",
+        )
+
+
+class GroupResetError(StreamerError):
+    """The broker refused to move a group's committed offsets (a member joined meanwhile?)."""
+
+    retriable = True
+
+    def __init__(self, group_id: str, failed: dict[int, str]) -> None:
+        self.group_id = group_id
+        self.failed = failed
+        super().__init__(
+            f"the broker refused to move the offsets of group {group_id!r} for partitions "
+            f"{failed}: stop every member of the group and try again"
         )
 
 

@@ -24,6 +24,10 @@ class ShardHooks:
         """Partitions were assigned; return {partition: offset} to seek to (e.g. a checkpoint)."""
         return {}
 
+    def seek_reason(self, partition: int) -> str:
+        """Why ``on_assigned`` seeks ``partition`` (for the log): a checkpoint, --start-from, ..."""
+        return "checkpoint"
+
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
         """Partitions are being revoked; return {partition: next offset} to commit (async)."""
         return {}

@@ -168,9 +168,12 @@ class Close:
 class _ChildHooks(ShardHooks):
     """Runs in the child: forwards events to the parent, answers the IO thread's questions locally."""
 
-    def __init__(self, send: Any, restore: dict[int, int]) -> None:
+    def __init__(
+        self, send: Any, restore: dict[int, int], reasons: dict[int, str] | None = None
+    ) -> None:
         self._send = send
         self._restore = dict(restore)
+        self._reasons = dict(reasons or {})
         self.shard: Shard | None = None
         #: The parent's last commit request per partition: at or below its commit point.
         self.points: dict[int, int] = {}
@@ -185,6 +188,9 @@ class _ChildHooks(ShardHooks):
             self.points.pop(p, None)
         self._send(Assigned(partitions, self._serial()))
         return {p: self._restore.pop(p) for p in partitions if p in self._restore}
+
+    def seek_reason(self, partition: int) -> str:
+        return self._reasons.get(partition, "checkpoint")
 
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
         self._send(Revoked(partitions, self._serial(), lost=False))
@@ -286,6 +292,7 @@ def _child_main(
     restore: dict[int, int],
     use_barrier: bool,
     levels: dict[str, int],
+    reasons: dict[int, str] | None = None,
 ) -> None:
     lock = threading.Lock()
 
@@ -297,7 +304,7 @@ def _child_main(
     for name, level in levels.items():
         logging.getLogger(name or None).setLevel(level)
 
-    hooks = _ChildHooks(send, restore)
+    hooks = _ChildHooks(send, restore, reasons)
     barrier = _RemoteBarrier(send) if use_barrier else None
     shard = Shard(settings, shard_index, num_shards, hooks=hooks, barrier=barrier)
     hooks.shard = shard
@@ -421,6 +428,7 @@ class ProcessShard:
                 self._restore,
                 self._barrier is not None,
                 _logger_levels(),
+                {p: self.hooks.seek_reason(p) for p in self._restore},
             ),
             name=f"streamer-shard-{self.shard_index}",
             daemon=True,

@@ -166,6 +166,10 @@ class ConsumerSettings:
 
     ``isolation_level`` is ``read_committed`` by default (kafka-python's default is
     ``read_uncommitted``): records of aborted transactions are never handed over.
+
+    Static mode with an empty ``group_id`` belongs to no group and commits nothing (the
+    evaluator, a replay without ``--replay-group``); commit requests are dropped.
+    ``commit_metadata`` is stored with every commit (a replay marks its commits with it).
     """
 
     bootstrap_servers: str
@@ -197,6 +201,8 @@ class ConsumerSettings:
     partition_assignment_strategy: AssignmentStrategy = "cooperative-sticky"
     #: Group mode, confluent only: "consumer" is Kafka 4's broker-side protocol (KIP-848).
     group_protocol: GroupProtocol = "classic"
+    #: Stored with every offset commit (Kafka's offset metadata; shown by admin tools).
+    commit_metadata: str = ""
     security: SecuritySettings = field(default_factory=SecuritySettings)
 
     def __post_init__(self) -> None:
@@ -276,6 +282,11 @@ class ConsumerSettings:
             )
         if not re.fullmatch(r"[A-Za-z0-9._\-]{1,200}", self.worker_id):
             raise ConfigError("worker_id", self.worker_id, "1-200 characters of [A-Za-z0-9._-]")
+
+    @property
+    def commits(self) -> bool:
+        """False for a group-less static consumer: it never commits."""
+        return bool(self.group_id)
 
     @property
     def queue_max_records(self) -> int:

@@ -179,7 +179,7 @@ class Shard:
         Requests at or below what is known committed are dropped, so an owner may send every
         commit point each time (none is lost to a rebalance in between) at no cost.
         """
-        if offsets:
+        if offsets and self.settings.commits:  # a group-less consumer never commits
             self._book.request(offsets)
 
     @property
@@ -549,7 +549,10 @@ class Shard:
             # rewinds of other partitions wait: a cooperative rebalance assigns in steps, and
             # an assignment of nothing is common.
             rewind = {p: self._rewind.pop(p) for p in partitions if p in self._rewind}
-        log.info(
+        # A static assignment is the configuration itself (evaluation, replay, --partitions):
+        # news only in group mode.
+        log.log(
+            logging.INFO if self.settings.mode == "group" else logging.DEBUG,
             "shard %d: assigned partitions %s of %s",
             self.shard_index,
             sorted(partitions),
@@ -573,7 +576,11 @@ class Shard:
         for p, off in checkpoint.items():
             if p in partitions:
                 log.info(
-                    "shard %d: seeking partition %d to %d (checkpoint)", self.shard_index, p, off
+                    "shard %d: seeking partition %d to %d (%s)",
+                    self.shard_index,
+                    p,
+                    off,
+                    self.hooks.seek_reason(p),
                 )
                 seeks[p] = off
         with self._lock:
@@ -624,7 +631,7 @@ class Shard:
                 if low is not None:
                     self._rewind[p] = min(low, self._rewind.get(p, low))
         client = self._client
-        if commits and not self._closed and client is not None:
+        if commits and self.settings.commits and not self._closed and client is not None:
             try:
                 self._book.send(client, commits, sync=False)
             except Exception as exc:

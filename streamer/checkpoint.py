@@ -23,8 +23,19 @@ class Checkpointer:
     >>> ckpt.save(step, tracker_offsets)  # doctest: +SKIP
     """
 
-    def __init__(self, directory: str, bundle: ModelBundle, *, topic: str, keep: int = 3) -> None:
+    def __init__(
+        self,
+        directory: str | None,
+        bundle: ModelBundle,
+        *,
+        topic: str,
+        keep: int = 3,
+        restore_from: str | None = None,
+    ) -> None:
+        """``directory``: where checkpoints are written (None: never); ``restore_from``: where
+        ``restore()`` reads the newest one (default: ``directory``)."""
         self.directory = directory
+        self.restore_from = restore_from or directory
         self.topic = topic
         #: The topic's id (Kafka's UUID) where known: saved with the offsets, so that offsets
         #: of a topic that was deleted and created again under the same name are not applied.
@@ -47,15 +58,27 @@ class Checkpointer:
             offset_values=self._offsets,
             topic=self._topic,
         )
-        self.manager = tf.train.CheckpointManager(self._ckpt, directory, max_to_keep=keep)
+        self.manager = (
+            tf.train.CheckpointManager(self._ckpt, directory, max_to_keep=keep)
+            if directory
+            else None
+        )
 
     @property
     def latest(self) -> str | None:
-        latest: str | None = self.manager.latest_checkpoint
+        """The newest checkpoint written to ``directory`` (None without one)."""
+        latest: str | None = self.manager.latest_checkpoint if self.manager else None
         return latest
 
     def restore(self) -> tuple[int, dict[int, int]] | None:
-        path = self.manager.latest_checkpoint
+        """Restore the newest checkpoint of ``restore_from``: None without one, else (step,
+        offsets)."""
+        if self.restore_from is None:
+            return None
+        if self.manager is not None and self.restore_from == self.directory:
+            path = self.manager.latest_checkpoint
+        else:
+            path = tf.train.latest_checkpoint(self.restore_from)
         if path is None:
             return None
         self._ckpt.restore(path).assert_existing_objects_matched()
@@ -98,6 +121,8 @@ class Checkpointer:
         return True
 
     def save(self, step: int, offsets: Mapping[int, int]) -> str:
+        if self.manager is None:
+            raise ValueError("this Checkpointer only restores (no directory to write to)")
         self._assign(step, offsets)
         path: str = self.manager.save(checkpoint_number=step)
         return path

@@ -1,4 +1,5 @@
-"""The ``streamer`` command: run the worker, simulate a producer, show a group's lag."""
+"""The ``streamer`` command: run the worker, replay a range, simulate a producer, show a group's
+lag and reset it."""
 
 from __future__ import annotations
 
@@ -51,9 +52,11 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # kafka-python is chatty at INFO (every connection and rebalance step).
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
     logging.getLogger("confluent_kafka").setLevel(max(logging.WARNING, root.level))
-    # Multi-worker training: TensorFlow logs every collective it builds at INFO.
-    logging.getLogger("tensorflow").setLevel(max(logging.WARNING, root.level))
-    logging.getLogger("absl").setLevel(max(logging.WARNING, root.level))
+    # TensorFlow's Python loggers at INFO: every collective multi-worker training builds,
+    # "Assets written to ..." at every export, absl's "Sharding callback duration" at every
+    # checkpoint.
+    for name in ("tensorflow", "absl"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
     # "Task ran for 0.1s ... blocking the event loop": kafka-python's IO thread noticing that
     # another thread held the GIL (decode, training). Expected in a busy worker, not an error.
     logging.getLogger("kafka.net.selector").setLevel(max(logging.ERROR, root.level))
@@ -71,9 +74,65 @@ def _quiet_tensorflow() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def _load_tensorflow() -> None:
+    """Every impossible setting has failed by now: load TensorFlow, without its noise."""
+    from streamer.tfstart import load_tensorflow
+
+    load_tensorflow()
+
+
+_REPLAY_DESCRIPTION = """\
+Train on the records from --from up to (not including) --to of every partition of the topic
+(or of --partitions), reading them by assignment, then stop. A read-only side trip for the
+live system; it touches exactly this:
+
+  reads      the topic's range; the checkpoint in --restore-from (never written)
+  commits    nothing, to no consumer group; with --replay-group G, to G only (refused when G
+             has members or commits that no replay wrote, unless
+             --force-replay-into-live-group)
+  writes     checkpoints to --checkpoint-dir, SavedModels to --export-dir, TensorBoard to
+             --logdir, an audit log to --audit-log, dead letters to --dead-letter-topic, and
+             serves metrics on --metrics-port: each only when given on this command line
+             (in --config or STREAMER_* they are the live worker's, and are not used)
+             [default: none of them]
+
+A checkpoint or export directory that holds a live worker's files, --restore-from's directory
+and an existing audit log are refused (exit 2). Every other option of `streamer run` applies,
+from flags, STREAMER_* variables or --config (bootstrap, topic, security, model, batch size,
+...)."""
+
+#: The help of the run options that a replay treats differently (see _REPLAY_DESCRIPTION).
+_REPLAY_HELPS = {
+    "group": "not used by replay, which commits to no group (see --replay-group)",
+    "start_from": "not used by replay (see --from)",
+    "checkpoint_dir": "write the replay's checkpoints here: a new directory or a replay's "
+    "(only from this command line) [default: no checkpoints]",
+    "export_dir": "export the replay's SavedModels here: a new directory or a replay's (only "
+    "from this command line) [default: no exports]",
+    "logdir": "TensorBoard log directory of the replay (only from this command line) "
+    "[default: none]",
+    "profile_steps": "capture a TensorFlow Profiler trace for steps A:B into --logdir (only "
+    "from this command line) [default: unset]",
+    "audit_log": "write topic,partition,offset of every trained sample to this new file (only "
+    "from this command line) [default: none]",
+    "dead_letter_topic": "topic for records that fail to decode (only from this command "
+    "line) [default: count and skip them]",
+    "dead_letter_replication_factor": "replication factor of a dead-letter topic the replay "
+    "creates (only from this command line) [default: the broker's]",
+    "metrics_port": "port of /metrics, /healthz, /readyz (only from this command line) "
+    "[default: 0, no server]",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
+    return _parsers()[0]
+
+
+def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The ``streamer`` parser and each command's own (whose usage its errors show)."""
     from streamer import __version__
     from streamer.config import add_run_arguments
+    from streamer.replay import COMMIT_METADATA, RANGE_FORMS
 
     parser = argparse.ArgumentParser(
         prog="streamer",
@@ -97,19 +156,47 @@ def _parser() -> argparse.ArgumentParser:
 
     replay = sub.add_parser(
         "replay",
-        help="train on a bounded range of the topic (static mode) and stop",
-        description=(
-            "Train on the records from --from up to (not including) --to, reading every partition "
-            "of the topic in static mode, then stop. Takes every option of `streamer run`."
-        ),
+        help="train a separate model on a bounded range of the topic and stop (touches nothing "
+        "of the live worker)",
+        description=_REPLAY_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     replay.add_argument(
-        "--from", dest="replay_from", required=True, help="earliest, or an ISO 8601 time or unix ms"
+        "--from",
+        dest="replay_from",
+        metavar="FROM",
+        required=True,
+        help=f"start of the range: {RANGE_FORMS}",
     )
     replay.add_argument(
-        "--to", dest="replay_to", required=True, help="latest, or an ISO 8601 time or unix ms"
+        "--to",
+        dest="replay_to",
+        metavar="TO",
+        required=True,
+        help=f"end of the range, not included: {RANGE_FORMS}; after --from",
     )
-    add_run_arguments(replay)
+    replay.add_argument(
+        "--restore-from",
+        default=None,
+        metavar="DIR",
+        help="start from the newest checkpoint in DIR (model, optimizer and step; read, never "
+        "written) [default: a new model]",
+    )
+    replay.add_argument(
+        "--replay-group",
+        default=None,
+        metavar="GROUP",
+        help="commit the replay's progress to this consumer group (each commit's metadata "
+        f"says {COMMIT_METADATA!r}); refused when the group has members or commits that no "
+        "replay wrote [default: commit to no group]",
+    )
+    replay.add_argument(
+        "--force-replay-into-live-group",
+        action="store_true",
+        help="with --replay-group: commit even into a group that has members or a live "
+        "worker's commits, overwriting the live worker's position (dangerous)",
+    )
+    add_run_arguments(replay, _REPLAY_HELPS)
 
     sim = sub.add_parser(
         "simulate",
@@ -202,6 +289,34 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "run_args", nargs=argparse.REMAINDER, help="-- then the options of `streamer run`"
     )
+
+    reset = sub.add_parser(
+        "reset-group",
+        help="move a stopped consumer group's committed offsets to a time, the earliest or "
+        "the latest records (a dry run unless --execute)",
+        description=(
+            "Show, and with --execute commit, new offsets of a consumer group on a topic: the "
+            "first record at or after a time (inclusive), or the topic's earliest or latest "
+            "offsets, as Kafka's kafka-consumer-groups --reset-offsets does. The group must "
+            "have no members (stop its workers first). A worker with --checkpoint-dir starts "
+            "from its checkpoint, not from the group's offsets: move it with --start-from."
+        ),
+    )
+    reset.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    reset.add_argument("--group", required=True, help="consumer group id")
+    reset.add_argument("--topic", required=True, help="the topic whose offsets move")
+    reset.add_argument(
+        "--to",
+        dest="reset_to",
+        metavar="TO",
+        required=True,
+        help=f"where the group resumes: {RANGE_FORMS}; a partition with no record at or after "
+        "a time resumes at its end",
+    )
+    reset.add_argument(
+        "--execute", action="store_true", help="commit the new offsets [default: a dry run]"
+    )
+
     bench = sub.add_parser(
         "bench",
         help="measure raw kafka-python, a naive pipeline, ours and the worker on one topic",
@@ -285,11 +400,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
-    return parser
+    commands = {"run": run, "replay": replay, "simulate": sim, "lag": lag, "bench": bench}
+    return parser, {**commands, "reset-group": reset, "launch": launch}
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
+    _load_tensorflow()
     from streamer.bench import DEFAULT_MODES, MODES, SCHEMA_MODES, format_table, run_bench
 
     modes = (
@@ -364,6 +481,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _run_worker(config: WorkerConfig) -> int:
     """The worker, or with TF_CONFIG / --cluster-workers naming several workers, one worker
     of a model trained on all of them (streamer/distributed.py)."""
+    _load_tensorflow()
     from streamer.multiworker import topology_from
 
     topology = topology_from(
@@ -411,23 +529,71 @@ def _exit_guard(code: int, seconds: float) -> None:
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
-    from streamer.config import load_config
+    import dataclasses
 
-    params = {
-        k: v for k, v in vars(args).items() if k not in ("command", "replay_from", "replay_to")
-    }
-    params["start_from"] = args.replay_from
-    if not params.get("bootstrap"):
-        raise ConfigError("bootstrap", None, "replay reads a Kafka topic: give --bootstrap")
-    if not params.get("partitions"):
-        probe = load_config(params)
+    from streamer.config import load_config
+    from streamer.replay import ReplaySpec, check_outputs, check_replay_group
+
+    # Everything that can be checked without Kafka first: impossible input fails at once.
+    if args.group is not None:
+        raise ConfigError(
+            "group",
+            args.group,
+            "replay commits to no group; name one of its own with --replay-group",
+        )
+    if args.start_from is not None:
+        raise ConfigError("start_from", args.start_from, "replay starts at --from")
+    spec = ReplaySpec.parse(
+        args.replay_from,
+        args.replay_to,
+        group=args.replay_group,
+        force_live_group=args.force_replay_into_live_group,
+        restore_from=args.restore_from,
+    )
+    params = {k: v for k, v in vars(args).items() if k not in _REPLAY_ONLY}
+    config = load_config(params, replay=spec)
+    if config.bootstrap is None:
+        raise ConfigError(
+            "bootstrap",
+            None,
+            "replay reads a Kafka topic: give --bootstrap, bootstrap in --config, or "
+            "STREAMER_BOOTSTRAP",
+        )
+    check_outputs(
+        spec,
+        checkpoint_dir=config.checkpoint_dir,
+        export_dir=config.export_dir,
+        audit_log=config.audit_log,
+    )
+    configure_logging(config.log_level, config.log_format)
+    if not config.partitions:
         from consumers.admin import wait_for_topic
 
-        parts = wait_for_topic(probe.consumer_settings(), attempts=3, topic_wait_s=0)
-        params["partitions"] = ",".join(str(p) for p in parts)
-    config = load_config(params, stop_at=args.replay_to)
-    configure_logging(config.log_level, config.log_format)
-    return _run_worker(config)
+        parts = wait_for_topic(config.consumer_settings(), attempts=3, topic_wait_s=0)
+        config = dataclasses.replace(config, partitions=tuple(parts))
+    check_replay_group(config.consumer_settings(), spec)
+    if config.replay is not None and config.replay.ignored:
+        log.info(
+            "replay: not using the live worker's %s from the config file or environment "
+            "(a replay takes its outputs from its own command line only)",
+            ", ".join(config.replay.ignored),
+        )
+    _load_tensorflow()
+    from streamer.worker import Worker
+
+    code = Worker(config).run()
+    _exit_guard(code, config.shutdown_timeout)
+    return code
+
+
+_REPLAY_ONLY = (
+    "command",
+    "replay_from",
+    "replay_to",
+    "restore_from",
+    "replay_group",
+    "force_replay_into_live_group",
+)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -461,30 +627,81 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_lag(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
-    from consumers.admin import group_lag
+    from consumers.admin import group_activity, group_lag
 
     rows = group_lag(args.bootstrap, args.group, args.topic, isolation_level=args.isolation_level)
+    note = None
+    if all(r.committed is None for r in rows):
+        known = group_activity(args.bootstrap, args.group).known
+        what = "no committed offsets" + (f" on {args.topic}" if args.topic else "")
+        note = f"group {args.group!r} has {what}" + ("" if known else " (unknown group)")
+        if args.topic is None:
+            print(f"streamer: {note}", file=sys.stderr)
+            return 1
+        note += f": its lag is the whole topic, from offset 0 ({sum(r.lag for r in rows)})"
     if args.json:
-        print(
-            json.dumps({"group": args.group, "partitions": [r.as_dict() for r in rows]}, indent=2)
-        )
+        out: dict[str, object] = {
+            "group": args.group,
+            "partitions": [r.as_dict() for r in rows],
+        }
+        if note is not None:
+            out["note"] = note
+        print(json.dumps(out, indent=2))
         return 0
     print(f"{'TOPIC':<30} {'PARTITION':>9} {'COMMITTED':>12} {'END':>12} {'LAG':>10}")
     for r in rows:
         committed = "-" if r.committed is None else str(r.committed)
         print(f"{r.topic:<30} {r.partition:>9} {committed:>12} {r.end:>12} {r.lag:>10}")
     print(f"{'TOTAL':<30} {'':>9} {'':>12} {'':>12} {sum(r.lag for r in rows):>10}")
+    if note is not None:
+        print(f"note: {note}")
+    return 0
+
+
+def _cmd_reset_group(args: argparse.Namespace) -> int:
+    configure_logging("WARNING")
+    from consumers.admin import group_activity, reset_group
+    from consumers.errors import GroupActiveError
+    from consumers.positions import start_offsets
+    from consumers.settings import ConsumerSettings
+    from streamer.replay import parse_bound
+
+    position = parse_bound(args.reset_to, "to")
+    activity = group_activity(args.bootstrap, args.group)
+    if activity.members:
+        raise GroupActiveError(args.group, activity.members)
+    settings = ConsumerSettings(
+        bootstrap_servers=args.bootstrap, topic=args.topic, group_id=args.group
+    )
+    new = start_offsets(settings, position)
+    current = {p: offset for p, (offset, _meta) in activity.committed_on(args.topic).items()}
+    print(f"{'GROUP':<30} {'TOPIC':<30} {'PARTITION':>9} {'CURRENT':>12} {'NEW':>12}")
+    for p in sorted(new):
+        now = "-" if current.get(p) is None else str(current[p])
+        print(f"{args.group:<30} {args.topic:<30} {p:>9} {now:>12} {new[p]:>12}")
+    if not args.execute:
+        print("dry run: nothing changed; add --execute to commit these offsets")
+        return 0
+    reset_group(args.bootstrap, args.group, args.topic, new)
+    print(
+        f"committed: group {args.group!r} resumes {args.topic} at NEW (a worker with "
+        "--checkpoint-dir resumes from its checkpoint instead: move it with --start-from)"
+    )
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     _quiet_tensorflow()
-    args = _parser().parse_args(argv)
+    parser, commands = _parsers()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's usage, not the top level's: that is where the flag belongs
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     handlers = {
         "run": _cmd_run,
         "replay": _cmd_replay,
         "simulate": _cmd_simulate,
         "lag": _cmd_lag,
+        "reset-group": _cmd_reset_group,
         "bench": _cmd_bench,
         "launch": _cmd_launch,
     }

@@ -6,6 +6,7 @@ The options themselves are declared once, in ``streamer.options``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import socket
 import tomllib
@@ -18,6 +19,7 @@ from typing import Any
 from consumers.errors import ConfigError
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings, ShardRuntime
 from streamer.options import ENV_PREFIX, OPTIONS, OPTIONS_BY_NAME, Option, Options
+from streamer.replay import COMMIT_METADATA, FLAG_ONLY, ReplaySpec
 from streamer.schema import Schema
 from streamer.settings import PipelineSettings
 
@@ -70,7 +72,7 @@ class WorkerConfig(Options):
 
     sasl_password: Secret | None = None
     ssl_password: Secret | None = None
-    stop_at: str | None = None  # replay: end of the range (same forms as start_from)
+    replay: ReplaySpec | None = None  # streamer replay: its range, group and restore dir
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -172,7 +174,14 @@ class WorkerConfig(Options):
 
     def start_position(self) -> str | int:
         """``committed``/``earliest``/``latest``, or a time as unix milliseconds."""
+        if self.replay is not None:
+            return self.replay.start
         return parse_position(self.start_from, "start_from")
+
+    @property
+    def commits(self) -> bool:
+        """Whether offsets are committed (a replay: only to a group of its own, if named)."""
+        return self.replay is None or self.replay.group is not None
 
     def profile_range(self) -> tuple[int, int] | None:
         if self.profile_steps is None:
@@ -207,11 +216,27 @@ class WorkerConfig(Options):
 
         return task_named(self.sim_task).schema()
 
-    def consumer_settings(self) -> ConsumerSettings:
+    def consumer_settings(self, partitions: Sequence[int] | None = None) -> ConsumerSettings:
+        """The shards' settings; ``partitions`` (static mode) instead of ``self.partitions``.
+
+        A replay without ``--partitions`` reads every partition of the topic: until the
+        caller has looked them up (the CLI, or the worker at start-up) partition 0 stands in.
+        """
         assert self.bootstrap is not None
+        targets = self._targets("consumer.")
+        if partitions is not None:
+            targets["partitions"] = tuple(partitions)
+        elif self.replay is not None and not self.partitions:
+            targets["partitions"] = (0,)
+        metadata = ""
+        if self.replay is not None:
+            # No group unless --replay-group names one; its commits say they are a replay's.
+            targets["group_id"] = self.replay.group or ""
+            metadata = f"{COMMIT_METADATA} from={self.replay.from_text} to={self.replay.to_text}"
         return ConsumerSettings(
-            **self._targets("consumer."),
-            mode="static" if self.partitions else "group",
+            **targets,
+            commit_metadata=metadata,
+            mode="static" if targets["partitions"] else "group",
             shard_runtime=resolve_shard_runtime(self.shard_runtime, self.shards, self.kafka_client),
             heartbeat_interval_ms=min(1000, self.session_timeout_ms // 3),
             security=self.security_settings(),
@@ -230,7 +255,7 @@ class WorkerConfig(Options):
             linger=True,
             shuffle_buffer=self.shuffle_buffer,
             start_from=self.start_position(),
-            stop_at=None if self.stop_at is None else parse_position(self.stop_at, "to"),
+            stop_at=None if self.replay is None else self.replay.stop,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -266,8 +291,14 @@ def parse_position(text: str, setting: str) -> str | int:
     return int(when.timestamp() * 1000)
 
 
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add every option as a flag whose help shows its env var and default (no secret flags)."""
+def add_run_arguments(
+    parser: argparse.ArgumentParser, helps: Mapping[str, str] | None = None
+) -> None:
+    """Add every option as a flag whose help shows its env var and default (no secret flags).
+
+    ``helps``: the whole help text of some options, instead of the generated one.
+    """
+    helps = helps or {}
     parser.add_argument(
         "--config",
         default=None,
@@ -285,7 +316,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
             default=None,
             metavar=opt.name.upper() if opt.choices is None else None,
             choices=opt.choices,
-            help=f"{opt.help} [env {opt.env}; default: {default}]",
+            help=helps.get(opt.name, f"{opt.help} [env {opt.env}; default: {default}]"),
         )
 
 
@@ -320,9 +351,14 @@ def load_config(
     args: argparse.Namespace | Mapping[str, Any] | None = None,
     env: Mapping[str, str] | None = None,
     *,
-    stop_at: str | None = None,
+    replay: ReplaySpec | None = None,
 ) -> WorkerConfig:
-    """Merge defaults < TOML file < STREAMER_* environment < flags into a WorkerConfig."""
+    """Merge defaults < TOML file < STREAMER_* environment < flags into a WorkerConfig.
+
+    A ``replay`` takes the options of ``streamer.replay.FLAG_ONLY`` (a live worker's outputs)
+    from ``args`` only; their values from the file or the environment are not used, and their
+    names are noted in ``config.replay.ignored``.
+    """
     env = os.environ if env is None else env
     flags = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args or {})
     values: dict[str, Any] = {o.name: o.default for o in OPTIONS}
@@ -352,12 +388,23 @@ def load_config(
     for opt in OPTIONS:
         if opt.env in env:
             values[opt.name] = _convert(opt, env[opt.env], opt.env)
+    if replay is not None:
+        ignored = []
+        for name, value in FLAG_ONLY.items():
+            flagged = flags.get(name) is not None
+            if not flagged and values[name] not in (value, _BY_NAME[name].default):
+                ignored.append(name)
+            values[name] = value
+        values["start_from"] = replay.from_text
+        replay = dataclasses.replace(replay, ignored=tuple(ignored))
     for key, value in flags.items():
         if key in _BY_NAME and value is not None:
             values[key] = _convert(_BY_NAME[key], value, _BY_NAME[key].flag)
+    if replay is not None:
+        values["group"] = replay.group or ""
     sasl = Secret.from_env_or_file("STREAMER_SASL_PASSWORD", "STREAMER_SASL_PASSWORD_FILE", env)
     ssl = Secret.from_env_or_file("STREAMER_SSL_PASSWORD", "STREAMER_SSL_PASSWORD_FILE", env)
-    return WorkerConfig(**values, sasl_password=sasl, ssl_password=ssl, stop_at=stop_at)
+    return WorkerConfig(**values, sasl_password=sasl, ssl_password=ssl, replay=replay)
 
 
 def option_names() -> Sequence[str]:

@@ -6,6 +6,11 @@ Layout (what TF Serving's file system source polls)::
     <dir>/<version>/variables/...
     <dir>/<version>/assets.extra/streamer.json   topic, step and the offsets trained up to
 
+``offsets`` in streamer.json lists every partition of the topic: the next offset the model has
+not trained (every record below it was trained, or lies before where this model's stream
+started), or ``null`` where the model has no position for the partition (it never read it and
+no checkpoint or commit it started from had one).
+
 The serving signature (``serving_default``) takes the model's inputs by name. Keras' own
 export is used when every input is a plain tensor. A ragged input (a variable-length feature
 without ``pad_to``) cannot be a signature input, so then the signature takes it flat, as
@@ -54,7 +59,9 @@ def read_info(version_dir: str) -> dict[str, Any]:
     """The ``streamer.json`` of one exported version (offsets keyed by int partition)."""
     with open(os.path.join(version_dir, INFO_FILE), encoding="utf-8") as fh:
         info: dict[str, Any] = json.load(fh)
-    info["offsets"] = {int(p): int(o) for p, o in info.get("offsets", {}).items()}
+    info["offsets"] = {
+        int(p): None if o is None else int(o) for p, o in info.get("offsets", {}).items()
+    }
     return info
 
 
@@ -119,11 +126,15 @@ class Exporter:
     '/models/streamer/1000'
     """
 
-    def __init__(self, directory: str, keep: int = 3) -> None:
+    def __init__(
+        self, directory: str, keep: int = 3, *, info: Mapping[str, Any] | None = None
+    ) -> None:
+        """``info``: more entries of every version's streamer.json (a replay says so)."""
         if keep < 1:
             raise ValueError("keep must be at least 1")
         self.directory = directory
         self.keep = keep
+        self.info = dict(info or {})
         os.makedirs(directory, exist_ok=True)
         # Left over by a crash mid-export or mid-prune: never a version, safe to remove.
         for name in os.listdir(directory):
@@ -156,7 +167,7 @@ class Exporter:
         self,
         model: keras.Model,
         step: int,
-        offsets: Mapping[int, int],
+        offsets: Mapping[int, int | None],
         topic: str,
         *,
         inputs: Mapping[str, tf.TypeSpec] | None = None,
@@ -181,8 +192,11 @@ class Exporter:
                 "topic": topic,
                 "step": int(step),
                 "version": version,
-                "offsets": {str(p): int(o) for p, o in sorted(offsets.items())},
+                "offsets": {
+                    str(p): None if o is None else int(o) for p, o in sorted(offsets.items())
+                },
                 "exported_at": time.time(),
+                **self.info,
             }
             with open(os.path.join(tmp, INFO_FILE), "w", encoding="utf-8") as fh:
                 json.dump(info, fh, indent=1)

@@ -37,6 +37,7 @@ class ShardRouter(ShardHooks):
         metrics: Metrics | None = None,
         health: Health | None = None,
         restore: dict[int, int] | None = None,
+        restore_reason: str = "checkpoint",
     ) -> None:
         self.topic = topic
         self.tracker = tracker
@@ -47,6 +48,8 @@ class ShardRouter(ShardHooks):
         self._owner: dict[int, int] = {}
         self._paused: dict[int, int] = {}
         self._restore: dict[int, int] = dict(restore or {})
+        #: Why each restore offset is there (the seek's log line says it).
+        self._reasons: dict[int, str] = dict.fromkeys(self._restore, restore_reason)
         self.topic_missing = False
 
     # ---- the shards --------------------------------------------------------------------------
@@ -68,6 +71,7 @@ class ShardRouter(ShardHooks):
         with self._lock:
             shards, self._open = self._open, []
             self._restore.clear()
+            self._reasons.clear()
         return shards
 
     def shards(self) -> list[ShardLike]:
@@ -77,6 +81,10 @@ class ShardRouter(ShardHooks):
     def restore_offsets(self) -> dict[int, int]:
         with self._lock:
             return dict(self._restore)
+
+    def seek_reason(self, partition: int) -> str:
+        with self._lock:
+            return self._reasons.get(partition, "checkpoint")
 
     def assigned_count(self) -> int:
         with self._lock:
@@ -125,6 +133,7 @@ class ShardRouter(ShardHooks):
                 if p in self._restore and p in points:
                     # The next owner starts from what is done, not from the checkpoint again.
                     self._restore[p] = points[p]
+                    self._reasons[p] = "trained up to here before a revocation"
         if self.metrics is not None:
             self.metrics.partitions_revoked(mine)
             self.metrics.rebalance(event)  # type: ignore[arg-type]
@@ -176,6 +185,7 @@ class ShardRouter(ShardHooks):
                     "topic %r is missing: its checkpoint offsets no longer apply", self.topic
                 )
                 self._restore.clear()
+                self._reasons.clear()
 
     def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
         if self.metrics is not None:

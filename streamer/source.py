@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -43,6 +44,7 @@ __all__ = [
     "ShardLike",
     "StreamSource",
     "build_dataset",
+    "position_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,6 +100,7 @@ class StreamSource:
         self.dead_letter = dead_letter
         self._lock = threading.Lock()
         restore = dict(restore_offsets or {})
+        reason = "checkpoint"
         if self.settings.start_from != "committed":
             if consumer is None:
                 log.warning(
@@ -109,13 +112,23 @@ class StreamSource:
 
                 # An explicit start position for this run wins over the checkpoint's offsets.
                 restore = start_offsets(consumer, self.settings.start_from)
+                where = position_text(self.settings.start_from)
+                replay = self.settings.stop_at is not None
+                reason = f"replay --from {where}" if replay else f"--start-from {where}"
         stop_offsets = None
         if self.settings.stop_at is not None and consumer is not None:
             from consumers.positions import start_offsets
 
             stop_offsets = start_offsets(consumer, self.settings.stop_at)
+        #: Where this source's partitions start (a checkpoint's offsets, or --start-from's).
+        self.start_offsets: dict[int, int] = dict(restore)
         self.router = ShardRouter(
-            self.topic, self.tracker, metrics=metrics, health=health, restore=restore
+            self.topic,
+            self.tracker,
+            metrics=metrics,
+            health=health,
+            restore=restore,
+            restore_reason=reason,
         )
         self.rules = PassRules(
             pass_records=self.settings.pass_records,
@@ -462,3 +475,15 @@ def build_dataset(
     """
     source = StreamSource(schema, settings, consumer=consumer, **kwargs)
     return source.dataset(), source
+
+
+def position_text(position: str | int) -> str:
+    """A start or stop position as the log shows it: the word, or the time in UTC.
+
+    >>> position_text("earliest"), position_text(1767225600000)
+    ('earliest', '2026-01-01T00:00:00.000Z')
+    """
+    if isinstance(position, str):
+        return position
+    when = datetime.fromtimestamp(position / 1000, tz=UTC)
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{position % 1000:03d}Z"

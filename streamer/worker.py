@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import logging
 import os
@@ -28,6 +29,7 @@ from streamer.model import load_model
 from streamer.offsets import OffsetTracker
 from streamer.position import StreamPosition
 from streamer.probe import BrokerProbe
+from streamer.replay import write_marker
 from streamer.schema import Schema
 from streamer.signals import SignalWatch
 from streamer.simulator import RandomRecords, SimulatedShard, Task, task_named
@@ -157,17 +159,31 @@ class Worker:
             self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
         self.trainer = Trainer(self.bundle, strategy, jit_compile=cfg.jit_compile)
         restore: dict[int, int] = {}
+        # A replay reads only --restore-from and writes only its own --checkpoint-dir.
+        restore_dir = cfg.replay.restore_from if cfg.replay is not None else cfg.checkpoint_dir
         self.checkpointer: Checkpointer | None = None
+        reader: Checkpointer | None = None
         if cfg.checkpoint_dir:
-            self.checkpointer = Checkpointer(
-                cfg.checkpoint_dir, self.bundle, topic=cfg.topic, keep=cfg.checkpoint_keep
+            if cfg.replay is not None:
+                write_marker(cfg.checkpoint_dir, cfg.replay, cfg.topic)
+            reader = self.checkpointer = Checkpointer(
+                cfg.checkpoint_dir,
+                self.bundle,
+                topic=cfg.topic,
+                keep=cfg.checkpoint_keep,
+                restore_from=restore_dir,
             )
-            restored = self.checkpointer.restore()
+        elif restore_dir:
+            reader = Checkpointer(None, self.bundle, topic=cfg.topic, restore_from=restore_dir)
+        if reader is not None and restore_dir:
+            restored = reader.restore()
             if restored is not None:
                 self.step, restore = restored
         self.position = StreamPosition(restore)
         self.tracker = OffsetTracker()
         dead_letter = None
+        #: Every partition of the topic (exports list each one).
+        self.topic_partitions: list[int] = list(range(cfg.sim_partitions))
         if cfg.bootstrap is None:
             factory = self._simulator_factory(restore)
             self.source = StreamSource(
@@ -187,6 +203,10 @@ class Worker:
             partitions = wait_for_topic(
                 consumer, health=self.health, stop=self._stopping, topic_ids=ids
             )
+            self.topic_partitions = list(partitions)
+            if cfg.replay is not None and not cfg.partitions:  # a replay reads them all
+                self.config = cfg = dataclasses.replace(cfg, partitions=tuple(partitions))
+                consumer = cfg.consumer_settings()
             if self.checkpointer is not None and not self.checkpointer.adopt_topic_id(
                 ids.get(cfg.topic)
             ):
@@ -210,7 +230,7 @@ class Worker:
                     metrics.observe_dead_lettered(1)
 
                 dead_letter = DeadLetterWriter(
-                    cfg.bootstrap,
+                    consumer.bootstrap_servers,
                     cfg.dead_letter_topic,
                     on_done=done,
                     on_failure=lambda _exc: metrics.kafka_error("dead_letter"),
@@ -226,6 +246,9 @@ class Worker:
                 dead_letter=dead_letter,
                 restore_offsets=restore,
             )
+        # Where the stream starts for this model: the checkpoint's offsets, or those of
+        # --start-from / --from, which win over the checkpoint's.
+        self.position = StreamPosition(self.source.start_offsets)
         self.dataset = self.source.dataset()
         self._build_online()
         self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
@@ -241,7 +264,8 @@ class Worker:
         metrics = self.metrics
         assert metrics is not None
         if cfg.export_dir:
-            self.exporter = Exporter(cfg.export_dir, keep=cfg.export_keep)
+            extra = {"replay": cfg.replay.describe()} if cfg.replay is not None else None
+            self.exporter = Exporter(cfg.export_dir, keep=cfg.export_keep, info=extra)
         if cfg.logdir:
             self.summaries = TrainingSummaries(
                 cfg.logdir,
@@ -434,10 +458,13 @@ class Worker:
         assert self.exporter is not None
         t0 = time.monotonic()
         try:
+            # Every partition of the topic: its position, or None where this model has none.
+            known = self.position.current(self.tracker.commit_points())
+            offsets = {p: known.get(p) for p in sorted({*self.topic_partitions, *known})}
             path = self.exporter.export(
                 self.bundle.model,
                 self.step,
-                self.position.current(self.tracker.commit_points()),
+                offsets,
                 self.config.topic,
                 inputs=serving_inputs(self.dataset.element_spec, self.bundle.input_names),
             )
@@ -501,7 +528,8 @@ class Worker:
     def _commit(self, points: dict[int, int]) -> None:
         if self.audit is not None:
             self.audit.flush()  # the audit log is never behind a commit
-        self.source.commit(points)
+        if self.config.commits:  # a replay without --replay-group commits to no group
+            self.source.commit(points)
         # What was committed stays known after a pass closes its shards (and their tracker
         # state): an export after the pass still records every partition's position.
         self.position.commit(points)
@@ -561,9 +589,27 @@ class Worker:
 
 
 def _describe(cfg: WorkerConfig) -> str:
+    """The start line's settings: the shard runtime and devices as resolved, not as asked."""
     d = cfg.describe()
     if cfg.bootstrap is not None:
         d["shard_runtime"] = resolve_shard_runtime(cfg.shard_runtime, cfg.shards, cfg.kafka_client)
-    keys = "bootstrap topic group shards shard_runtime batch_size checkpoint_dir metrics_port"
-
+    else:
+        d["shard_runtime"] = "thread"  # the embedded simulator's shards are in-process
+    d["devices"] = devices_in_use()
+    keys = "bootstrap topic group shards shard_runtime devices batch_size checkpoint_dir"
+    keys += " metrics_port"
+    replay = cfg.replay
+    if replay is not None:
+        d["group"] = replay.group or "(none: no commits)"
+        d["replay"] = f"[{replay.from_text}, {replay.to_text})"
+        d["restore_from"] = replay.restore_from
+        d["partitions"] = ",".join(str(p) for p in cfg.partitions or ())
+        d["export_dir"] = cfg.export_dir
+        keys = "replay restore_from " + keys + " partitions export_dir"
     return " ".join(f"{k}={d[k]}" for k in keys.split() if k in d)
+
+
+def devices_in_use() -> str:
+    """The devices training runs on, as TensorFlow sees them: ``GPU:0,GPU:1`` or ``CPU``."""
+    gpus = [d.name.removeprefix("/device:") for d in tf.config.list_logical_devices("GPU")]
+    return ",".join(gpus) or "CPU"

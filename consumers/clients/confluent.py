@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from operator import itemgetter
 from typing import Any, Literal
@@ -99,7 +100,9 @@ def consumer_config(settings: ConsumerSettings, shard_index: int) -> dict[str, A
     cfg: dict[str, Any] = {
         "bootstrap.servers": settings.bootstrap_servers,
         "client.id": f"{settings.client_id}-{settings.worker_id}-{shard_index}",
-        "group.id": settings.group_id,
+        # librdkafka needs a group id even to assign() (an empty one aborts the process): a
+        # group-less consumer (evaluation, a replay) gets a throwaway id it never commits to.
+        "group.id": settings.group_id or f"streamer-nogroup-{uuid.uuid4().hex}",
         "enable.auto.commit": False,
         "enable.auto.offset.store": False,
         # The shard applies auto_offset_reset itself (loudly when records were lost upstream).
@@ -471,7 +474,8 @@ class ConfluentClient:
         callback: CommitCallback | None = None,
         timeout_ms: int | None = None,
     ) -> None:
-        tps = [self._tp(p, o) for p, o in offsets.items()]
+        meta = self.settings.commit_metadata or None
+        tps = [ck.TopicPartition(self.topic, p, o, meta) for p, o in offsets.items()]
         if callback is None or self._in_callback:
             # In a revocation the commit must land before the partitions move on.
             try:

@@ -147,7 +147,8 @@ def consumer_config(settings: ConsumerSettings, shard_index: int) -> dict[str, A
         cfg["group_instance_id"] = settings.group_instance_id(shard_index)
         cfg["partition_assignment_strategy"] = [_ASSIGNORS[settings.partition_assignment_strategy]]
     else:
-        # Static mode still commits to the group (for monitoring and restarts), never joins it.
+        # Static mode still commits to the group (for monitoring and restarts), never joins it;
+        # without a group id (evaluation, a replay) it belongs to no group and never commits.
         cfg["group_id"] = settings.group_id or None
     cfg.update(settings.security.kafka_config())
     return cfg
@@ -488,7 +489,8 @@ class KafkaPythonClient:
         callback: CommitCallback | None = None,
         timeout_ms: int | None = None,
     ) -> None:
-        payload = {self._tp(p): OffsetAndMetadata(o, "", -1) for p, o in offsets.items()}
+        meta = self.settings.commit_metadata
+        payload = {self._tp(p): OffsetAndMetadata(o, meta, -1) for p, o in offsets.items()}
         if callback is None:
             self.consumer.commit(payload, timeout_ms=timeout_ms)
             return

@@ -12,6 +12,9 @@
 #   deploy/local/kafka.sh libs     fetch the jars (once) and print their folder (kafka-clients for
 #                                  Java test clients).
 #   deploy/local/kafka.sh datadir  print the broker's log.dirs folder (for DumpLogSegments).
+#   deploy/local/kafka.sh consumer-groups ARGS...
+#                                  Kafka's own kafka-consumer-groups.sh (ConsumerGroupCommand),
+#                                  from the kafka-tools jars (fetched once with tests/interop/pom.xml).
 #
 # Environment:
 #   KAFKA_LOCAL_DIR      state folder (config, data, logs, pid)  [default: <repo>/.local-kafka]
@@ -52,6 +55,21 @@ fetch_jars() {
     mkdir -p "$libs/ping"
     javac -d "$libs/ping" -cp "$libs/*" "$here/Ping.java" || die "could not compile Ping.java"
     touch "$libs/.complete"
+}
+
+tools_jars() {
+    # kafka-tools and its dependencies: the same cache tests/interop/javaclients.py uses.
+    local tools="${KAFKA_TOOLS_DIR:-$HOME/.cache/streamer/kafka-tools-$kafka_version}"
+    if [ ! -f "$tools/.complete" ]; then
+        command -v mvn >/dev/null 2>&1 || die "mvn not found: install Maven to fetch Kafka's tools"
+        log "fetching kafka-tools $kafka_version jars from Maven Central into $tools"
+        mkdir -p "$tools"
+        mvn -B -q -f "$repo/tests/interop/pom.xml" dependency:copy-dependencies \
+            -DincludeScope=runtime -DoutputDirectory="$tools" >&2 \
+            || die "maven could not fetch kafka-tools (see above)"
+        touch "$tools/.complete"
+    fi
+    echo "$tools"
 }
 
 free_port() {
@@ -183,5 +201,10 @@ case "${1:-}" in
     clean) stop; rm -rf "$state" ;;
     libs) need_tools; fetch_jars; echo "$libs" ;;
     datadir) echo "$state/data" ;;
-    *) echo "usage: $0 start|stop|restart|status|kill|clean|libs|datadir" >&2; exit 2 ;;
+    consumer-groups)
+        need_tools; tools="$(tools_jars)"; shift
+        # Without a logging backend SLF4J prints three lines of warning: drop them.
+        exec java -Xmx256m -cp "$tools/*" org.apache.kafka.tools.consumer.group.ConsumerGroupCommand \
+            "$@" 2> >(grep -v '^SLF4J:' >&2) ;;
+    *) echo "usage: $0 start|stop|restart|status|kill|clean|libs|datadir|consumer-groups ARGS" >&2; exit 2 ;;
 esac

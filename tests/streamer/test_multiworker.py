@@ -328,7 +328,7 @@ def test_options_without_meaning_for_several_workers_are_refused() -> None:
     for key, value in (("eval_topic", "e"), ("export_dir", "/x"), ("pass_records", "10")):
         with pytest.raises(ConfigError, match=key):
             check_config(load_config({**base, key: value}, env={}), topo)
-    with pytest.raises(ConfigError, match="mixed_precision.*loss scaling"):
+    with pytest.raises(ConfigError, match=r"mixed_precision.*loss scaling"):
         check_config(load_config({**base, "mixed_precision": True}, env={}), topo)
     check_config(load_config(base, env={}), topo)
 
