@@ -549,8 +549,7 @@ class Shard:
             # rewinds of other partitions wait: a cooperative rebalance assigns in steps, and
             # an assignment of nothing is common.
             rewind = {p: self._rewind.pop(p) for p in partitions if p in self._rewind}
-        # A static assignment is the configuration itself (evaluation, replay, --partitions):
-        # news only in group mode.
+        # A static assignment is the configuration itself (evaluation, replay, --partitions).
         log.log(
             logging.INFO if self.settings.mode == "group" else logging.DEBUG,
             "shard %d: assigned partitions %s of %s",
@@ -575,13 +574,8 @@ class Shard:
                 seeks[p] = off
         for p, off in checkpoint.items():
             if p in partitions:
-                log.info(
-                    "shard %d: seeking partition %d to %d (%s)",
-                    self.shard_index,
-                    p,
-                    off,
-                    self.hooks.seek_reason(p),
-                )
+                why = self.hooks.seek_reason(p)
+                log.info("shard %d: seeking partition %d to %d (%s)", self.shard_index, p, off, why)
                 seeks[p] = off
         with self._lock:
             for p, off in seeks.items():

@@ -81,49 +81,6 @@ def _load_tensorflow() -> None:
     load_tensorflow()
 
 
-_REPLAY_DESCRIPTION = """\
-Train on the records from --from up to (not including) --to of every partition of the topic
-(or of --partitions), reading them by assignment, then stop. A read-only side trip for the
-live system; it touches exactly this:
-
-  reads      the topic's range; the checkpoint in --restore-from (never written)
-  commits    nothing, to no consumer group; with --replay-group G, to G only (refused when G
-             has members or commits that no replay wrote, unless
-             --force-replay-into-live-group)
-  writes     checkpoints to --checkpoint-dir, SavedModels to --export-dir, TensorBoard to
-             --logdir, an audit log to --audit-log, dead letters to --dead-letter-topic, and
-             serves metrics on --metrics-port: each only when given on this command line
-             (in --config or STREAMER_* they are the live worker's, and are not used)
-             [default: none of them]
-
-A checkpoint or export directory that holds a live worker's files, --restore-from's directory
-and an existing audit log are refused (exit 2). Every other option of `streamer run` applies,
-from flags, STREAMER_* variables or --config (bootstrap, topic, security, model, batch size,
-...)."""
-
-#: The help of the run options that a replay treats differently (see _REPLAY_DESCRIPTION).
-_REPLAY_HELPS = {
-    "group": "not used by replay, which commits to no group (see --replay-group)",
-    "start_from": "not used by replay (see --from)",
-    "checkpoint_dir": "write the replay's checkpoints here: a new directory or a replay's "
-    "(only from this command line) [default: no checkpoints]",
-    "export_dir": "export the replay's SavedModels here: a new directory or a replay's (only "
-    "from this command line) [default: no exports]",
-    "logdir": "TensorBoard log directory of the replay (only from this command line) "
-    "[default: none]",
-    "profile_steps": "capture a TensorFlow Profiler trace for steps A:B into --logdir (only "
-    "from this command line) [default: unset]",
-    "audit_log": "write topic,partition,offset of every trained sample to this new file (only "
-    "from this command line) [default: none]",
-    "dead_letter_topic": "topic for records that fail to decode (only from this command "
-    "line) [default: count and skip them]",
-    "dead_letter_replication_factor": "replication factor of a dead-letter topic the replay "
-    "creates (only from this command line) [default: the broker's]",
-    "metrics_port": "port of /metrics, /healthz, /readyz (only from this command line) "
-    "[default: 0, no server]",
-}
-
-
 def _parser() -> argparse.ArgumentParser:
     return _parsers()[0]
 
@@ -132,7 +89,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     """The ``streamer`` parser and each command's own (whose usage its errors show)."""
     from streamer import __version__
     from streamer.config import add_run_arguments
-    from streamer.replay import COMMIT_METADATA, RANGE_FORMS
+    from streamer.replay import COMMIT_METADATA, DESCRIPTION, RANGE_FORMS, RUN_OPTION_HELPS
 
     parser = argparse.ArgumentParser(
         prog="streamer",
@@ -158,7 +115,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "replay",
         help="train a separate model on a bounded range of the topic and stop (touches nothing "
         "of the live worker)",
-        description=_REPLAY_DESCRIPTION,
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     replay.add_argument(
@@ -196,7 +153,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="with --replay-group: commit even into a group that has members or a live "
         "worker's commits, overwriting the live worker's position (dangerous)",
     )
-    add_run_arguments(replay, _REPLAY_HELPS)
+    add_run_arguments(replay, RUN_OPTION_HELPS)
 
     sim = sub.add_parser(
         "simulate",
@@ -532,7 +489,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     import dataclasses
 
     from streamer.config import load_config
-    from streamer.replay import ReplaySpec, check_outputs, check_replay_group
+    from streamer.replay import REPLAY_ONLY, ReplaySpec, check_outputs, check_replay_group
 
     # Everything that can be checked without Kafka first: impossible input fails at once.
     if args.group is not None:
@@ -550,7 +507,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         force_live_group=args.force_replay_into_live_group,
         restore_from=args.restore_from,
     )
-    params = {k: v for k, v in vars(args).items() if k not in _REPLAY_ONLY}
+    params = {k: v for k, v in vars(args).items() if k not in REPLAY_ONLY}
     config = load_config(params, replay=spec)
     if config.bootstrap is None:
         raise ConfigError(
@@ -584,16 +541,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     code = Worker(config).run()
     _exit_guard(code, config.shutdown_timeout)
     return code
-
-
-_REPLAY_ONLY = (
-    "command",
-    "replay_from",
-    "replay_to",
-    "restore_from",
-    "replay_group",
-    "force_replay_into_live_group",
-)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

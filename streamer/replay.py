@@ -24,9 +24,12 @@ from consumers.settings import ConsumerSettings
 
 __all__ = [
     "COMMIT_METADATA",
+    "DESCRIPTION",
     "FLAG_ONLY",
     "MARKER_FILE",
     "RANGE_FORMS",
+    "REPLAY_ONLY",
+    "RUN_OPTION_HELPS",
     "ReplaySpec",
     "check_outputs",
     "check_replay_group",
@@ -282,3 +285,58 @@ def check_replay_group(settings: ConsumerSettings, spec: ReplaySpec) -> None:
         spec.group,
         what,
     )
+
+
+# ---- the command line (streamer/cli.py) ---------------------------------------------------
+
+DESCRIPTION = """\
+Train on the records from --from up to (not including) --to of every partition of the topic
+(or of --partitions), reading them by assignment, then stop. A read-only side trip for the
+live system; it touches exactly this:
+
+  reads      the topic's range; the checkpoint in --restore-from (never written)
+  commits    nothing, to no consumer group; with --replay-group G, to G only (refused when G
+             has members or commits that no replay wrote, unless
+             --force-replay-into-live-group)
+  writes     checkpoints to --checkpoint-dir, SavedModels to --export-dir, TensorBoard to
+             --logdir, an audit log to --audit-log, dead letters to --dead-letter-topic, and
+             serves metrics on --metrics-port: each only when given on this command line
+             (in --config or STREAMER_* they are the live worker's, and are not used)
+             [default: none of them]
+
+A checkpoint or export directory that holds a live worker's files, --restore-from's directory
+and an existing audit log are refused (exit 2). Every other option of `streamer run` applies,
+from flags, STREAMER_* variables or --config (bootstrap, topic, security, model, batch size,
+...)."""
+
+#: The help of the run options that a replay treats differently (see DESCRIPTION).
+RUN_OPTION_HELPS = {
+    "group": "not used by replay, which commits to no group (see --replay-group)",
+    "start_from": "not used by replay (see --from)",
+    "checkpoint_dir": "write the replay's checkpoints here: a new directory or a replay's "
+    "(only from this command line) [default: no checkpoints]",
+    "export_dir": "export the replay's SavedModels here: a new directory or a replay's (only "
+    "from this command line) [default: no exports]",
+    "logdir": "TensorBoard log directory of the replay (only from this command line) "
+    "[default: none]",
+    "profile_steps": "capture a TensorFlow Profiler trace for steps A:B into --logdir (only "
+    "from this command line) [default: unset]",
+    "audit_log": "write topic,partition,offset of every trained sample to this new file (only "
+    "from this command line) [default: none]",
+    "dead_letter_topic": "topic for records that fail to decode (only from this command "
+    "line) [default: count and skip them]",
+    "dead_letter_replication_factor": "replication factor of a dead-letter topic the replay "
+    "creates (only from this command line) [default: the broker's]",
+    "metrics_port": "port of /metrics, /healthz, /readyz (only from this command line) "
+    "[default: 0, no server]",
+}
+
+#: The arguments of `streamer replay` that are not run options.
+REPLAY_ONLY = (
+    "command",
+    "replay_from",
+    "replay_to",
+    "restore_from",
+    "replay_group",
+    "force_replay_into_live_group",
+)
