@@ -111,7 +111,7 @@ def check_config(cfg: WorkerConfig, topology: Topology) -> None:
         ("profile_steps", "not supported with several workers yet"),
         ("pass_records", "a multi-worker pass lasts the whole run (quiet input is padded)"),
         ("pass_seconds", "a multi-worker pass lasts the whole run (quiet input is padded)"),
-        ("stop_at", "replay a range with one worker"),
+        ("replay", "replay a range with one worker"),
     ):
         if getattr(cfg, name) is not None:
             raise ConfigError(name, getattr(cfg, name), f"{topology.describe()}: {why}")
