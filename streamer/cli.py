@@ -438,13 +438,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _run_worker(config: WorkerConfig) -> int:
     """The worker, or with TF_CONFIG / --cluster-workers naming several workers, one worker
     of a model trained on all of them (streamer/distributed.py)."""
-    _load_tensorflow()
     from streamer.multiworker import topology_from
 
     topology = topology_from(
         os.environ, cluster_workers=config.cluster_workers, worker_index=config.worker_index
     )
     if topology is not None and topology.count > 1:
+        from streamer.tfstart import load_tensorflow
+
+        load_tensorflow(devices=False)
         from streamer.distributed import DistributedWorker
 
         worker = DistributedWorker(config, topology)
@@ -454,6 +456,7 @@ def _run_worker(config: WorkerConfig) -> int:
             os._exit(code)
         _exit_guard(code, config.shutdown_timeout)
         return code
+    _load_tensorflow()
     from streamer.worker import Worker
 
     code = Worker(config).run()

@@ -218,7 +218,10 @@ class DistributedWorker:
                 metrics.registry, self.health, host=cfg.metrics_host, port=cfg.metrics_port
             ).start()
             log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.server.port)
-        strategy = make_strategy(topo)
+        from streamer.tfstart import quiet_start
+
+        with quiet_start():  # TensorFlow's runtime starts here: its start-up noise filtered
+            strategy = make_strategy(topo)
         if self._signal_watch is not None:
             self._signal_watch.rearm()  # TensorFlow's coordination service took SIGTERM
         if cfg.seed is not None:

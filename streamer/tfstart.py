@@ -106,9 +106,15 @@ def quiet_start() -> contextlib.AbstractContextManager[list[str]]:
     return filter_stderr(drop)
 
 
-def load_tensorflow() -> None:
-    """Import TensorFlow and find its devices (where the noise is printed), quietly."""
+def load_tensorflow(*, devices: bool = True) -> None:
+    """Import TensorFlow and find its devices (where the noise is printed), quietly.
+
+    ``devices=False`` only imports it: a multi-worker strategy must configure TensorFlow's
+    runtime before anything initialises it (finding devices does), so there the strategy's
+    creation finds them, inside ``quiet_start()`` of its own.
+    """
     with quiet_start():
         import tensorflow as tf
 
-        tf.config.list_logical_devices()
+        if devices:
+            tf.config.list_logical_devices()
