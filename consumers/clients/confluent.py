@@ -474,8 +474,13 @@ class ConfluentClient:
         callback: CommitCallback | None = None,
         timeout_ms: int | None = None,
     ) -> None:
-        meta = self.settings.commit_metadata or None
-        tps = [ck.TopicPartition(self.topic, p, o, meta) for p, o in offsets.items()]
+        meta = self.settings.commit_metadata  # TopicPartition refuses None (a str or left out)
+        tps = [
+            ck.TopicPartition(self.topic, p, o, meta)
+            if meta
+            else ck.TopicPartition(self.topic, p, o)
+            for p, o in offsets.items()
+        ]
         if callback is None or self._in_callback:
             # In a revocation the commit must land before the partitions move on.
             try:
