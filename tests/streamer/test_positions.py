@@ -92,20 +92,25 @@ def test_replay_range_trains_exactly_that_range(
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_streamer_replay_trains_the_range_and_stops(
-    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path, client: str
 ) -> None:
+    """A replay into a group of its own (--replay-group): the range trained, then the group's
+    commits at the range's end, marked as a replay's (offset metadata, both clients)."""
     topic = make_topic(2)
     base = int(time.time() * 1000) - 3_600_000
     stamps = _produce_timed(kafka_bootstrap, topic, 2, 400, base)
     lo, hi = base + 1000 * 100, base + 1000 * 250
     audit = tmp_path / "audit.csv"
+    group = f"g-{uuid.uuid4().hex[:8]}"
     proc = subprocess.run(
         [
             sys.executable, "-m", "streamer.cli", "replay",
-            "--bootstrap", kafka_bootstrap, "--topic", topic, "--group", f"g-{uuid.uuid4().hex[:8]}",
+            "--bootstrap", kafka_bootstrap, "--topic", topic, "--replay-group", group,
             "--from", str(lo), "--to", str(hi), "--shards", "2", "--batch-size", "64",
             "--metrics-port", "0", "--audit-log", str(audit), "--idle-timeout", "30",
+            "--kafka-client", client,
         ],
         capture_output=True, text=True, timeout=240, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )  # fmt: skip
@@ -115,3 +120,13 @@ def test_streamer_replay_trains_the_range_and_stops(
     got = [(int(p), int(o)) for _t, p, o in rows]
     assert len(got) == len(set(got))
     assert set(got) == {k for k, ts in stamps.items() if lo <= ts < hi}
+    from kafka import KafkaConsumer, TopicPartition
+
+    reader = KafkaConsumer(bootstrap_servers=kafka_bootstrap, group_id=group)  # never polls
+    try:
+        committed = {p: reader.committed(TopicPartition(topic, p), metadata=True) for p in (0, 1)}
+    finally:
+        reader.close(autocommit=False)
+    ends = {p: min(o for (q, o), ts in stamps.items() if q == p and ts >= hi) for p in range(2)}
+    assert {p: om.offset for p, om in committed.items() if om is not None} == ends, committed
+    assert all(om.metadata.startswith("streamer-replay") for om in committed.values()), committed
