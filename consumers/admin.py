@@ -201,16 +201,8 @@ def group_lag(
     end (high watermark) under read_uncommitted, which is what Kafka's
     ``kafka-consumer-groups --describe`` shows.
     """
-    from kafka.admin import KafkaAdminClient
 
-    admin = connect(
-        KafkaAdminClient,
-        bootstrap,
-        security or SecuritySettings(),
-        timeout_ms,
-        bootstrap_timeout_ms=timeout_ms,
-        request_timeout_ms=timeout_ms,
-    )
+    admin = _admin_client(bootstrap, security, timeout_ms)
     try:
         committed_raw = admin.list_group_offsets(group).get(group, {})
     finally:
@@ -273,16 +265,8 @@ def group_activity(
     >>> group_activity("127.0.0.1:9092", "trainer").members   # doctest: +SKIP
     2
     """
-    from kafka.admin import KafkaAdminClient
 
-    admin = connect(
-        KafkaAdminClient,
-        bootstrap,
-        security or SecuritySettings(),
-        timeout_ms,
-        bootstrap_timeout_ms=timeout_ms,
-        request_timeout_ms=timeout_ms,
-    )
+    admin = _admin_client(bootstrap, security, timeout_ms)
     try:
         described: dict[str, Any] = admin.describe_groups([group]).get(group) or {}
         raw = admin.list_group_offsets(group).get(group, {})
@@ -318,17 +302,9 @@ def reset_group(
 
     >>> reset_group("127.0.0.1:9092", "trainer", "samples", {0: 120, 1: 98})   # doctest: +SKIP
     """
-    from kafka.admin import KafkaAdminClient
     from kafka.structs import OffsetAndMetadata
 
-    admin = connect(
-        KafkaAdminClient,
-        bootstrap,
-        security or SecuritySettings(),
-        timeout_ms,
-        bootstrap_timeout_ms=timeout_ms,
-        request_timeout_ms=timeout_ms,
-    )
+    admin = _admin_client(bootstrap, security, timeout_ms)
     try:
         described: dict[str, Any] = admin.describe_groups([group]).get(group) or {}
         members = len(described.get("members") or [])
@@ -347,3 +323,17 @@ def reset_group(
     }
     if failed:
         raise GroupResetError(group, failed)
+
+
+def _admin_client(bootstrap: str, security: SecuritySettings | None, timeout_ms: int) -> Any:
+    """A KafkaAdminClient for the group commands (connection errors typed by ``connect``)."""
+    from kafka.admin import KafkaAdminClient
+
+    return connect(
+        KafkaAdminClient,
+        bootstrap,
+        security or SecuritySettings(),
+        timeout_ms,
+        bootstrap_timeout_ms=timeout_ms,
+        request_timeout_ms=timeout_ms,
+    )

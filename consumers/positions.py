@@ -1,18 +1,49 @@
-"""Start positions: earliest, latest or a point in time, as offsets per partition."""
+"""Start and stop positions: the one parser of their text (``parse_position``) and their
+offsets per partition (``start_offsets``)."""
 
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
-from kafka import TopicPartition
-
-from consumers.clients.kafka_python import probe_consumer
-from consumers.errors import TopicNotFoundError
+from consumers.errors import ConfigError, TopicNotFoundError
 from consumers.settings import ConsumerSettings
 
-__all__ = ["start_offsets"]
+__all__ = ["parse_position", "start_offsets"]
 
 log = logging.getLogger(__name__)
+
+
+_POSITION_FORMS = "committed, earliest, latest, an ISO 8601 time or unix milliseconds"
+
+
+def parse_position(
+    text: str,
+    setting: str,
+    *,
+    names: tuple[str, ...] = ("committed", "earliest", "latest"),
+    forms: str = _POSITION_FORMS,
+) -> str | int:
+    """A stream position: one of ``names``, or a time as unix ms (``forms`` says what is
+    allowed when ``text`` is none of them). The one parser of start and stop positions.
+
+    >>> parse_position("earliest", "from"), parse_position("1767225600000", "from")
+    ('earliest', 1767225600000)
+    >>> parse_position("2026-01-01T00:00:00Z", "from")
+    1767225600000
+    """
+    value = text.strip()
+    if value in names:
+        return value
+    if value.isdigit():
+        return int(value)
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError as exc:
+        raise ConfigError(setting, value, forms) from exc
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
 
 
 def start_offsets(settings: ConsumerSettings, position: str | int) -> dict[int, int]:
@@ -24,6 +55,10 @@ def start_offsets(settings: ConsumerSettings, position: str | int) -> dict[int, 
     >>> start_offsets(settings, 1767225600000)   # doctest: +SKIP
     {0: 1200, 1: 1187}
     """
+    from kafka import TopicPartition  # kafka-python only when offsets are looked up
+
+    from consumers.clients.kafka_python import probe_consumer
+
     consumer = probe_consumer(
         settings.bootstrap_servers,
         settings.security,

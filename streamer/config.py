@@ -12,11 +12,11 @@ import socket
 import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from consumers.errors import ConfigError
+from consumers.positions import parse_position
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings, ShardRuntime
 from streamer.options import ENV_PREFIX, OPTIONS, OPTIONS_BY_NAME, Option, Options
 from streamer.replay import COMMIT_METADATA, FLAG_ONLY, ReplaySpec
@@ -265,30 +265,6 @@ class WorkerConfig(Options):
             for f in fields(self)
             if f.name not in ("sasl_password", "ssl_password")
         }
-
-
-def parse_position(text: str, setting: str) -> str | int:
-    """A stream position: ``committed``, ``earliest``, ``latest``, or a time as unix ms.
-
-    >>> parse_position("earliest", "from"), parse_position("1767225600000", "from")
-    ('earliest', 1767225600000)
-    >>> parse_position("2026-01-01T00:00:00Z", "from")
-    1767225600000
-    """
-    value = text.strip()
-    if value in ("committed", "earliest", "latest"):
-        return value
-    if value.isdigit():
-        return int(value)
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise ConfigError(
-            setting, value, "committed, earliest, latest, an ISO 8601 time or unix milliseconds"
-        ) from exc
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
 
 
 def add_run_arguments(

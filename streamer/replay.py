@@ -16,10 +16,10 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from consumers.errors import ConfigError
+from consumers.positions import parse_position
 from consumers.settings import ConsumerSettings
 
 __all__ = [
@@ -71,18 +71,7 @@ def parse_bound(text: str, setting: str) -> str | int:
     >>> parse_bound("latest", "to"), parse_bound("2026-01-01T00:00:00Z", "from")
     ('latest', 1767225600000)
     """
-    value = text.strip()
-    if value in ("earliest", "latest"):
-        return value
-    if value.isdigit():
-        return int(value)
-    try:
-        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError as exc:
-        raise ConfigError(setting, value, RANGE_FORMS) from exc
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return int(when.timestamp() * 1000)
+    return parse_position(text, setting, names=("earliest", "latest"), forms=RANGE_FORMS)
 
 
 def _order(bound: str | int) -> float:
