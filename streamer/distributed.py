@@ -55,7 +55,7 @@ from streamer.offsets import OffsetTracker
 from streamer.padding import END, Batch, PaddedBatcher
 from streamer.position import StreamPosition
 from streamer.ragged import Column, RaggedColumn
-from streamer.signals import SignalWatch
+from streamer.signals import SignalWatch, stop_on_signal
 from streamer.source import StreamSource
 from streamer.status import StatusLine
 
@@ -164,23 +164,15 @@ class DistributedWorker:
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
-        name = signal.Signals(signum).name
-        if self._signals > 1:
-            log.error("second %s: exiting at once", name)
-            os._exit(128 + signum)
-        log.info("%s: every worker checkpoints at the next round, then exits", name)
-        self.request_stop(f"signal {name}")
-        timeout = self.config.shutdown_timeout
-
-        def watchdog() -> None:
-            if self._finished.wait(timeout):
-                return
-            log.error(
-                "clean shutdown did not finish within --shutdown-timeout %.0fs; exiting", timeout
-            )
-            os._exit(1)
-
-        threading.Thread(target=watchdog, name="streamer-shutdown-watchdog", daemon=True).start()
+        stop_on_signal(
+            signum,
+            self._signals,
+            plan="every worker checkpoints at the next round, then exits",
+            stop=self.request_stop,
+            finished=self._finished,
+            timeout=self.config.shutdown_timeout,
+            log=log,
+        )
 
     def request_stop(self, reason: str) -> None:
         """Ask the cluster to stop: this worker says so in its next round's control vector."""

@@ -2,13 +2,44 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import signal
 import socket
 import threading
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["SignalWatch"]
+__all__ = ["SignalWatch", "stop_on_signal"]
+
+
+def stop_on_signal(
+    signum: int,
+    count: int,
+    *,
+    plan: str,
+    stop: Callable[[str], None],
+    finished: threading.Event,
+    timeout: float,
+    log: logging.Logger,
+) -> None:
+    """The worker's answer to its ``count``-th SIGTERM/SIGINT: the first asks for a clean stop
+    (``plan`` says what happens next) and arms a watchdog that exits if ``finished`` is not
+    set within ``timeout`` seconds; a second exits at once."""
+    name = signal.Signals(signum).name
+    if count > 1:
+        log.error("second %s: exiting at once", name)
+        os._exit(128 + signum)
+    log.info("%s: %s", name, plan)
+    stop(f"signal {name}")
+
+    def watchdog() -> None:
+        if finished.wait(timeout):
+            return  # stopped cleanly in time: never kill a process that embeds run()
+        log.error("clean shutdown did not finish within --shutdown-timeout %.0fs; exiting", timeout)
+        os._exit(1)
+
+    threading.Thread(target=watchdog, name="streamer-shutdown-watchdog", daemon=True).start()
 
 
 class SignalWatch:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import os
 import signal
 import sys
 import threading
@@ -31,7 +30,7 @@ from streamer.position import StreamPosition
 from streamer.probe import BrokerProbe
 from streamer.replay import write_marker
 from streamer.schema import Schema
-from streamer.signals import SignalWatch
+from streamer.signals import SignalWatch, stop_on_signal
 from streamer.simulator import RandomRecords, SimulatedShard, Task, task_named
 from streamer.source import METADATA_COLUMNS, StreamSource
 from streamer.status import StatusLine
@@ -76,23 +75,15 @@ class Worker:
 
     def _on_signal(self, signum: int) -> None:
         self._signals += 1
-        name = signal.Signals(signum).name
-        if self._signals > 1:
-            log.error("second %s: exiting at once", name)
-            os._exit(128 + signum)
-        log.info("%s: finishing the current step, then checkpoint, commit and exit", name)
-        self.request_stop(f"signal {name}")
-        timeout = self.config.shutdown_timeout
-
-        def watchdog() -> None:
-            if self._finished.wait(timeout):
-                return  # stopped cleanly in time: never kill a process that embeds run()
-            log.error(
-                "clean shutdown did not finish within --shutdown-timeout %.0fs; exiting", timeout
-            )
-            os._exit(1)
-
-        threading.Thread(target=watchdog, name="streamer-shutdown-watchdog", daemon=True).start()
+        stop_on_signal(
+            signum,
+            self._signals,
+            plan="finishing the current step, then checkpoint, commit and exit",
+            stop=self.request_stop,
+            finished=self._finished,
+            timeout=self.config.shutdown_timeout,
+            log=log,
+        )
 
     def request_stop(self, reason: str) -> None:
         if not self._stopping.is_set():
