@@ -10,8 +10,8 @@
 - a float variable-length feature is averaged over its rows;
 - a fixed numeric feature is flattened, as the built-in model does.
 
-The parts are concatenated into a small MLP with one output, MSE loss and MAE as metric. The
-simulator's ``recommender`` task (a user id, 0-50 item ids, a 16-float vector and a rating) is
+The parts are concatenated into a small MLP with one output (``[batch, 1]``), compiled the
+ordinary Keras way: MSE loss, Adam, MAE as metric. The simulator's ``recommender`` task (a user id, 0-50 item ids, a 16-float vector and a rating) is
 what it was written for::
 
     streamer run --sim-task recommender --model examples.recommender:build --max-steps 3000
@@ -90,7 +90,7 @@ def build(schema: Schema, learning_rate: float = 1e-3) -> keras.Model:
     h = parts[0] if len(parts) == 1 else keras.layers.Concatenate()(parts)
     h = keras.layers.Dense(64, activation="relu")(h)
     h = keras.layers.Dense(64, activation="relu")(h)
-    out = keras.layers.Reshape(())(keras.layers.Dense(1)(h))
+    out = keras.layers.Dense(1)(h)  # [batch, 1]: Keras aligns the scalar label
     model = keras.Model(inputs=inputs, outputs=out, name="recommender")
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),

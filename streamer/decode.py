@@ -22,7 +22,12 @@ Dtype rules, the same for every encoding: a bool feature takes bools only; an in
 feature takes integers only (never a bool or a float) whose values fit its dtype; a float
 feature takes integers and floats (never a bool), rounded to the nearest value of its dtype,
 except that a finite value beyond the dtype's range is refused (it would become inf).
-Raw ``bin`` bytes of a bool feature must be 0 or 1.
+Raw ``bin`` bytes of a bool feature must be 0 or 1. NaN and ±Inf in a float feature, in any
+encoding, are ``dtype`` unless the feature says ``allow_non_finite = true`` (checked once per
+block and column, after assembly: one ``np.isfinite`` pass).
+
+A record whose map holds a key twice is ``format`` (msgpack would keep the last value
+silently, so two producers' fields could shadow each other).
 
 A record's keys other than the features are ignored, but they count toward the limits, and
 an ext type anywhere is ``format``; msgpack builds its Timestamp ext itself, so a Timestamp
@@ -66,7 +71,7 @@ from streamer.decode_values import (
     string_value,
     variable_value,
 )
-from streamer.ragged import Column, RaggedColumn
+from streamer.ragged import Column, RaggedColumn, mask_rows
 from streamer.schema import Schema
 
 __all__ = [
@@ -122,10 +127,11 @@ _STR_ONLY: Final = frozenset({str})
 
 
 class _Plan:
-    __slots__ = ("features", "max_depth", "max_record_bytes", "unpack")
+    __slots__ = ("features", "finite", "max_depth", "max_record_bytes", "unpack")
 
     def __init__(self, schema: Schema) -> None:
         self.features = tuple(FeaturePlan(f) for f in schema.features)
+        self.finite = tuple(fp.name for fp in self.features if fp.finite_only)
         self.max_depth = schema.max_depth
         self.max_record_bytes = schema.max_record_bytes
         self.unpack = functools.partial(
@@ -166,6 +172,54 @@ def _unpack_reason(exc: ValueError) -> Reason:
         return "too_large"
     # "... is not allowed for map key", "invalid timestamp data", and anything new.
     return "format"
+
+
+def _map_header_len(value: bytes) -> int:
+    """The key count a msgpack map's header declares (-1 when ``value`` is not a map)."""
+    first = value[0]
+    if 0x80 <= first <= 0x8F:
+        return first & 0x0F
+    if first == 0xDE:
+        return int.from_bytes(value[1:3], "big")
+    if first == 0xDF:
+        return int.from_bytes(value[1:5], "big")
+    return -1
+
+
+def _non_finite_rows(column: Column, n: int) -> npt.NDArray[np.bool_] | None:
+    """Which of the ``n`` rows of a float column hold a NaN or ±Inf (None: none does)."""
+    values = column.values if isinstance(column, RaggedColumn) else column
+    finite = np.isfinite(values)
+    if finite.all():
+        return None
+    bad_values = ~finite.reshape(len(values), -1).all(axis=1)
+    if not isinstance(column, RaggedColumn):
+        return bad_values
+    rows = np.repeat(np.arange(n), column.row_lengths)
+    bad = np.zeros(n, dtype=bool)
+    bad[rows[bad_values]] = True
+    return bad
+
+
+def _drop_non_finite(
+    names: tuple[str, ...],
+    arrays: dict[str, Column],
+    kept: npt.NDArray[np.int64],
+    rejected: list[tuple[int, str]],
+) -> tuple[dict[str, Column], npt.NDArray[np.int64], list[tuple[int, str]]]:
+    """Rows with a NaN or ±Inf in a finite-only float feature move from kept to ``dtype``."""
+    n = len(kept)
+    bad: npt.NDArray[np.bool_] | None = None
+    for name in names:
+        rows = _non_finite_rows(arrays[name], n)
+        if rows is not None:
+            bad = rows if bad is None else bad | rows
+    if bad is None:
+        return arrays, kept, rejected
+    keep = ~bad
+    arrays = {name: mask_rows(column, keep) for name, column in arrays.items()}
+    refused = [(int(i), "dtype") for i in kept[bad]]
+    return arrays, kept[keep], sorted(rejected + refused)
 
 
 def _too_deep(obj: list[Any] | dict[Any, Any], budget: int) -> bool:
@@ -297,8 +351,8 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
         except ValueError as exc:
             reject((index, _unpack_reason(exc)))
             continue
-        if type(record) is not dict:
-            reject((index, "format"))
+        if type(record) is not dict or len(record) != _map_header_len(value):
+            reject((index, "format"))  # not a map, or a key twice (the last would win)
             continue
         # The structural checks (str keys, depth) run only when a value is not one of the
         # plain kinds the fast paths take, or keys other than the features are present.
@@ -367,7 +421,10 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
         fp.name: _assemble(fp, column, was_mixed, n)
         for fp, column, was_mixed in zip(features, columns, mixed, strict=True)
     }
-    return DecodedBlock(arrays, np.array(kept, dtype=np.int64), rejected)
+    kept_rows = np.array(kept, dtype=np.int64)
+    if plan.finite and n:
+        arrays, kept_rows, rejected = _drop_non_finite(plan.finite, arrays, kept_rows, rejected)
+    return DecodedBlock(arrays, kept_rows, rejected)
 
 
 def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:

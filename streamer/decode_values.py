@@ -103,6 +103,7 @@ class FeaturePlan:
         "fast_list",
         "fast_str",
         "fhi",
+        "finite_only",
         "flo",
         "fmax",
         "hi",
@@ -145,6 +146,7 @@ class FeaturePlan:
         self.inner_size = feature.inner_size
         self.inner_nbytes = feature.inner_size * feature.dtype.itemsize
         self.max_len = feature.max_len or 0
+        self.finite_only = feature.finite_only
         self.raw_fast = self.kind not in "bs" and not self.variable
         self.lo = self.hi = 0
         self.fmax: float | None = None

@@ -162,6 +162,11 @@ def _flat_default(setting: str, feature: Feature, value: object) -> Any:
     return tuple(_scalar_of(setting, feature.dtype, v) for v in level)
 
 
+def _finite(value: object) -> bool:
+    """False for a float NaN or infinity; True for anything else (strings, ints, bools)."""
+    return not isinstance(value, float) or math.isfinite(value)
+
+
 def _nested(flat: tuple[Any, ...], shape: tuple[int, ...]) -> Any:
     """The flat tuple as nested lists of ``shape`` (the first dimension may be -1)."""
     if not shape:
@@ -197,6 +202,7 @@ class Feature:
     pad_to: int | None
     pad_value: Any
     default: Any
+    allow_non_finite: bool
 
     def __init__(
         self,
@@ -208,6 +214,7 @@ class Feature:
         pad_to: int | None = None,
         pad_value: Any = None,
         default: Any = None,
+        allow_non_finite: bool = False,
     ) -> None:
         if not isinstance(name, str) or not NAME_RE.match(name):
             raise ConfigError("features", name, NAME_RULE)
@@ -242,10 +249,30 @@ class Feature:
             if self.dtype.kind == "b" and pad_value is None:
                 fill = False
             pad_value = _scalar_of(f"{setting}.pad_value", self.dtype, fill)
+        if not isinstance(allow_non_finite, bool):
+            raise ConfigError(f"{setting}.allow_non_finite", allow_non_finite, "true or false")
+        if allow_non_finite and self.dtype.kind != "f":
+            raise ConfigError(
+                f"{setting}.allow_non_finite",
+                allow_non_finite,
+                f"applies to a float feature only ({self.name!r} is "
+                f"{STRING if self.is_string else self.dtype.name})",
+            )
+        object.__setattr__(self, "allow_non_finite", allow_non_finite)
+        if pad_value is not None and not allow_non_finite and not _finite(pad_value):
+            raise ConfigError(
+                f"{setting}.pad_value", pad_value, "a finite number (or allow_non_finite = true)"
+            )
         object.__setattr__(self, "pad_value", pad_value)
         object.__setattr__(self, "default", None)
         if default is not None:
             default = _flat_default(f"{setting}.default", self, default)
+            if not allow_non_finite and not all(map(_finite, default if self.shape else [default])):
+                raise ConfigError(
+                    f"{setting}.default",
+                    self.to_dict_default(default),
+                    "finite numbers (NaN and Inf are refused unless allow_non_finite = true)",
+                )
         object.__setattr__(self, "default", default)
         for key, nbytes in (("shape", self.nbytes), ("pad_to", self.padded_nbytes)):
             if nbytes > HARD_MAX_BYTES:
@@ -265,6 +292,8 @@ class Feature:
             for key in ("max_len", "pad_to", "pad_value", "default")
             if getattr(self, key) is not None
         )
+        if self.allow_non_finite:
+            extra += ", allow_non_finite=True"
         return f"Feature(name={self.name!r}, dtype={dtype!r}, shape={self.shape}{extra})"
 
     # -- kinds ------------------------------------------------------------------------------
@@ -293,6 +322,12 @@ class Feature:
     def is_dense_numeric(self) -> bool:
         """A number or fixed-shape array of numbers: what the built-in model takes."""
         return not self.is_string and not self.is_variable
+
+    @property
+    def finite_only(self) -> bool:
+        """A float feature whose NaN and ±Inf values are refused (``dtype``): the default;
+        ``allow_non_finite = true`` lets them through."""
+        return self.dtype.kind == "f" and not self.allow_non_finite
 
     @property
     def required(self) -> bool:
@@ -338,6 +373,7 @@ class Feature:
             pad_to=self.pad_to,
             pad_value=self.pad_value,
             default=self.to_dict().get("default"),
+            allow_non_finite=self.allow_non_finite,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -350,6 +386,11 @@ class Feature:
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.default is not None:
-            flat = self.default
-            out["default"] = flat if not self.shape else _nested(flat, self.shape)
+            out["default"] = self.to_dict_default(self.default)
+        if self.allow_non_finite:
+            out["allow_non_finite"] = True
         return out
+
+    def to_dict_default(self, flat: Any) -> Any:
+        """A normalised default as the schema file writes it (nested lists when shaped)."""
+        return flat if not self.shape else _nested(flat, self.shape)

@@ -9,30 +9,46 @@ from dataclasses import dataclass
 from typing import Any
 
 import keras
-import tensorflow as tf
 
 from consumers.errors import ConfigError
 from streamer.schema import Schema
 
-__all__ = ["ModelBundle", "default_model", "load_model"]
+__all__ = ["ModelBundle", "bundle_for", "default_model", "load_model"]
 
 
 @dataclass
 class ModelBundle:
-    """A Keras model with its loss and optimizer, and the schema features it reads."""
+    """A compiled Keras model and the schema columns it is trained on.
+
+    ``input_names``: the columns fed as ``x``; ``labels``: the label columns (``y``: the one
+    column, or a dict by name for a model of several outputs); ``weight``: the column given to
+    Keras as ``sample_weight`` (never an input), or None.
+    """
 
     model: keras.Model
-    loss: keras.losses.Loss
-    optimizer: keras.optimizers.Optimizer
     input_names: tuple[str, ...]
-    label: str
+    labels: tuple[str, ...]
+    weight: str | None = None
+
+    @property
+    def optimizer(self) -> keras.optimizers.Optimizer:
+        """The model's optimizer (a ``LossScaleOptimizer`` under mixed precision)."""
+        return self.model.optimizer
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """Every column a step reads: inputs, labels and the sample weight."""
+        weight = (self.weight,) if self.weight else ()
+        return (*self.input_names, *self.labels, *weight)
 
 
 def default_model(schema: Schema, learning_rate: float = 1e-3) -> keras.Model:
-    """A small MLP over all non-label features (flattened, concatenated), MSE loss, Adam.
+    """A small MLP over all input features (flattened, concatenated), MSE loss, Adam.
 
-    Compiled with mean absolute error (``mae``), the regression task's natural metric (in the
-    label's own units): evaluation reports it next to the loss. It takes numeric fixed-shape
+    Compiled the ordinary Keras way, with mean absolute error (``mae``), the regression task's
+    natural metric (in the label's own units), reported for training and evaluation. Its head
+    is ``Dense(1)``: predictions are ``[batch, 1]`` (Keras aligns the scalar label), so every
+    example has its own loss, as sample weights and multi-worker padding need. It takes numeric fixed-shape
     features only: a schema with string or variable-length inputs needs a model of its own
     (``--model``; ``examples/recommender.py`` is one), and gets a ConfigError saying so.
 
@@ -41,8 +57,7 @@ def default_model(schema: Schema, learning_rate: float = 1e-3) -> keras.Model:
     schema.check_builtin_model()
     inputs = {
         f.name: keras.Input(shape=f.shape, dtype="float32", name=f.name)
-        for f in schema.features
-        if f.name != schema.label
+        for f in schema.input_features
     }
     flat = [keras.layers.Flatten()(x) if len(x.shape) > 2 else x for x in inputs.values()]
     flat = [keras.layers.Reshape((1,))(x) if len(x.shape) == 1 else x for x in flat]
@@ -50,7 +65,6 @@ def default_model(schema: Schema, learning_rate: float = 1e-3) -> keras.Model:
     h = keras.layers.Dense(64, activation="relu")(h)
     h = keras.layers.Dense(64, activation="relu")(h)
     out = keras.layers.Dense(1)(h)
-    out = keras.layers.Reshape(())(out)
     model = keras.Model(inputs=inputs, outputs=out, name="streamer_mlp")
     model.compile(
         optimizer=keras.optimizers.Adam(learning_rate),
@@ -81,37 +95,82 @@ def _input_names(model: keras.Model, schema: Schema, where: str) -> tuple[str, .
             "model",
             where,
             f"the model takes inputs {unknown} that the schema does not provide; it provides "
-            f"{list(columns)} (the label {schema.label!r} is never an input)",
+            f"{list(columns)} (labels {list(schema.labels)} and the sample weight are never "
+            "inputs)",
         )
     return tuple(n for n in columns if n in declared)
 
 
-def _bundle(obj: Any, schema: Schema, where: str) -> ModelBundle:
+def _overrides(model: keras.Model, method: str) -> bool:
+    """Whether the model's class replaces Keras' own ``method`` (``train_step``, ...)."""
+    return getattr(type(model), method, None) is not getattr(keras.Model, method)
+
+
+def _compiled(obj: Any, where: str) -> keras.Model:
+    """The model, compiled: as returned, or compiled here from ``(model, loss, optimizer)``."""
     if isinstance(obj, tuple) and len(obj) == 3:
         model, loss, optimizer = obj
-    elif isinstance(obj, keras.Model):
-        model, loss, optimizer = obj, getattr(obj, "loss", None), getattr(obj, "optimizer", None)
-    else:
+        if not isinstance(model, keras.Model):
+            raise ConfigError(
+                "model", where, f"returned {type(model).__name__}, expected a keras.Model"
+            )
+        if loss is None or optimizer is None:
+            raise ConfigError("model", where, "(model, loss, optimizer) needs all three")
+        # The legacy form: compiled here, so Keras' own loss machinery trains it.
+        model.compile(optimizer=optimizer, loss=loss)
+        return model
+    if not isinstance(obj, keras.Model):
         raise ConfigError(
             "model",
             where,
             "the function must return a compiled keras.Model or (model, loss, optimizer)",
         )
-    if not isinstance(model, keras.Model):
-        raise ConfigError(
-            "model", where, f"returned {type(model).__name__}, expected a keras.Model"
-        )
-    if loss is None or optimizer is None:
+    model = obj
+    if not getattr(model, "compiled", False) or model.optimizer is None:
         raise ConfigError(
             "model",
             where,
-            "the model has no loss or optimizer: compile it or return (model, loss, optimizer)",
+            "the model is not compiled: call model.compile(optimizer=..., loss=...) before "
+            "returning it",
         )
-    if isinstance(loss, str):
-        loss = keras.losses.get(loss)
-    if schema.label is None:
+    custom = _overrides(model, "train_step") or _overrides(model, "compute_loss")
+    if getattr(model, "loss", None) is None and not custom:
+        raise ConfigError(
+            "model",
+            where,
+            "the model was compiled without a loss: model.compile(optimizer=..., loss=...) "
+            "(or override train_step or compute_loss, as Keras allows)",
+        )
+    return model
+
+
+def _check_outputs(model: keras.Model, schema: Schema, where: str) -> None:
+    """Labels that match the model's outputs (by name when there are several)."""
+    names = tuple(getattr(model, "output_names", None) or ())
+    labels = schema.labels
+    if len(labels) > 1 and names and set(names) != set(labels):
+        raise ConfigError(
+            "label",
+            list(labels),
+            f"one label per model output, named like the outputs: the model's outputs are "
+            f"{list(names)} ({where})",
+        )
+    if len(labels) == 1 and len(names) > 1:
+        raise ConfigError(
+            "label",
+            labels[0],
+            f"a list of labels, one per model output {list(names)} ({where})",
+        )
+
+
+def bundle_for(obj: Any, schema: Schema, where: str = "model") -> ModelBundle:
+    """The bundle of a model (or ``(model, loss, optimizer)``) for ``schema``; ConfigError when
+    the model cannot be trained on it (not compiled, no loss, labels that miss its outputs)."""
+    if not schema.labels:
         raise ConfigError("schema", "label", "training needs a schema with a label feature")
-    return ModelBundle(model, loss, optimizer, _input_names(model, schema, where), schema.label)
+    model = _compiled(obj, where)
+    _check_outputs(model, schema, where)
+    return ModelBundle(model, _input_names(model, schema, where), schema.labels, schema.weight)
 
 
 def load_model(spec: str | None, schema: Schema, learning_rate: float = 1e-3) -> ModelBundle:
@@ -122,7 +181,7 @@ def load_model(spec: str | None, schema: Schema, learning_rate: float = 1e-3) ->
     root whichever way the worker was started.
     """
     if spec is None:
-        return _bundle(default_model(schema, learning_rate), schema, "built-in")
+        return bundle_for(default_model(schema, learning_rate), schema, "built-in")
     module_name, _, func_name = spec.partition(":")
     try:
         module = _import(module_name)
@@ -131,7 +190,7 @@ def load_model(spec: str | None, schema: Schema, learning_rate: float = 1e-3) ->
     func = getattr(module, func_name, None)
     if not callable(func):
         raise ConfigError("model", spec, f"{module_name} has no function {func_name}")
-    return _bundle(func(schema), schema, spec)
+    return bundle_for(func(schema), schema, spec)
 
 
 def _import(module_name: str) -> Any:
@@ -144,8 +203,3 @@ def _import(module_name: str) -> Any:
             raise
         sys.path.append(cwd)  # after everything else: it never shadows an installed module
         return importlib.import_module(module_name)
-
-
-def cast_inputs(features: dict[str, tf.Tensor], names: tuple[str, ...]) -> dict[str, tf.Tensor]:
-    """The model's inputs only (never metadata), as float32 unless integer ids."""
-    return {n: features[n] for n in names}

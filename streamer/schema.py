@@ -10,6 +10,12 @@ Feature kinds, in the vocabulary of ``tf.io``'s feature specs:
 - strings: ``dtype = "string"`` (msgpack str or bin) -> ``tf.string``, of any of the shapes above;
 - optional: ``default = <value>`` (``[]`` for a variable-length one) stands in for a missing
   field; a feature without a default is required.
+
+NaN and ±Inf in a float feature are refused (``dtype``) unless it says
+``allow_non_finite = true``. ``label`` names the feature the model learns (a list of names for a
+model of several outputs: the labels go to Keras as a dict keyed by feature name, which must
+match the model's output names); ``weight`` names a numeric scalar feature that is Keras'
+``sample_weight`` and never an input.
 """
 
 from __future__ import annotations
@@ -57,8 +63,8 @@ _DEFAULT_MIN_MAP_LEN = 256
 # The msgpack-numpy envelope is a map of five keys; each record is a map of its features.
 _NUMPY_MAP_LEN = 5
 _LIMIT_KEYS = ("max_record_bytes", "max_depth", "max_array_len", "max_map_len")
-_FEATURE_KEYS = ("dtype", "shape", "max_len", "pad_to", "pad_value", "default")
-_TOP_KEYS = ("features", "label", "limits")
+_FEATURE_KEYS = ("dtype", "shape", "max_len", "pad_to", "pad_value", "default", "allow_non_finite")
+_TOP_KEYS = ("features", "label", "weight", "limits")
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +93,8 @@ class Schema:
     """
 
     features: tuple[Feature, ...]
-    label: str | None = None
+    label: str | tuple[str, ...] | None = None
+    weight: str | None = None
     max_record_bytes: int = 0
     max_depth: int = 0
     max_array_len: int = 0
@@ -111,12 +118,31 @@ class Schema:
                     f"a name of its own: the {'length column' if f.is_padded else 'row lengths'}"
                     f" of variable-length feature {f.name!r} is called {derived!r}",
                 )
-        if self.label is not None:
-            if self.label not in names:
-                raise ConfigError("label", self.label, f"the name of a feature, one of {names}")
-            if not self.feature(self.label).is_dense_numeric:
+        if isinstance(self.label, list | tuple):
+            labels = tuple(self.label)
+            if not labels:
+                raise ConfigError("label", list(self.label), "a feature name or a list of them")
+            object.__setattr__(self, "label", labels[0] if len(labels) == 1 else labels)
+        for label in self.labels:
+            if not isinstance(label, str) or label not in names:
+                raise ConfigError("label", label, f"the name of a feature, one of {names}")
+            if self.labels.count(label) > 1:
+                raise ConfigError("label", list(self.labels), "each label once")
+            if not self.feature(label).is_dense_numeric:
                 raise ConfigError(
-                    "label", self.label, "a numeric feature of fixed shape (not string or [-1])"
+                    "label", label, "a numeric feature of fixed shape (not string or [-1])"
+                )
+        if self.weight is not None:
+            if not isinstance(self.weight, str) or self.weight not in names:
+                raise ConfigError("weight", self.weight, f"the name of a feature, one of {names}")
+            if self.weight in self.labels:
+                raise ConfigError("weight", self.weight, "a feature other than the label")
+            w = self.feature(self.weight)
+            if not w.is_dense_numeric or w.shape or w.dtype.kind == "b":
+                raise ConfigError(
+                    "weight",
+                    self.weight,
+                    "a numeric scalar feature (shape []): one sample weight per record",
                 )
         self._set_limits()
 
@@ -203,9 +229,31 @@ class Schema:
         return tuple(f.name for f in self.features)
 
     @property
+    def labels(self) -> tuple[str, ...]:
+        """The label features' names: none, one, or one per output of the model."""
+        if self.label is None:
+            return ()
+        return (self.label,) if isinstance(self.label, str) else self.label
+
+    @property
     def input_features(self) -> tuple[Feature, ...]:
-        """All features except the label."""
-        return tuple(f for f in self.features if f.name != self.label)
+        """All features except the labels and the sample weight."""
+        skip = {*self.labels, self.weight}
+        return tuple(f for f in self.features if f.name not in skip)
+
+    def with_weight(self, weight: str | None) -> Schema:
+        """This schema with ``weight`` as its sample-weight feature (``--sample-weight``)."""
+        if weight == self.weight:
+            return self
+        return Schema(
+            self.features,
+            self.label,
+            weight,
+            self.max_record_bytes,
+            self.max_depth,
+            self.max_array_len,
+            self.max_map_len,
+        )
 
     def feature(self, name: str) -> Feature:
         """The feature called ``name`` (KeyError if there is none)."""
@@ -233,6 +281,14 @@ class Schema:
         Traceback (most recent call last):
         consumers.errors.ConfigError: invalid setting model=None: the built-in model takes ...
         """
+        if len(self.labels) > 1:
+            raise ConfigError(
+                "model",
+                None,
+                f"the built-in model has one output, and the schema names labels "
+                f"{list(self.labels)}: give a model of your own with one output per label "
+                "(--model package.module:function)",
+            )
         others = [
             f"{f.name} ({STRING if f.is_string else f.dtype.name}{list(f.shape)})"
             for f in self.input_features
@@ -254,7 +310,9 @@ class Schema:
         """The schema as the dict ``from_dict`` reads (limits included, all explicit)."""
         out: dict[str, Any] = {}
         if self.label is not None:
-            out["label"] = self.label
+            out["label"] = self.label if isinstance(self.label, str) else list(self.label)
+        if self.weight is not None:
+            out["weight"] = self.weight
         out["features"] = {f.name: f.to_dict() for f in self.features}
         out["limits"] = {key: getattr(self, key) for key in _LIMIT_KEYS}
         return out
@@ -301,11 +359,20 @@ class Schema:
                     pad_to=table.get("pad_to"),
                     pad_value=table.get("pad_value"),
                     default=table.get("default"),
+                    allow_non_finite=table.get("allow_non_finite", False),
                 )
             )
         label = data.get("label")
-        if label is not None and not isinstance(label, str):
-            raise ConfigError("label", label, "the name of a feature")
+        if label is not None and not (
+            isinstance(label, str)
+            or (isinstance(label, list) and label and all(isinstance(x, str) for x in label))
+        ):
+            raise ConfigError("label", label, "the name of a feature, or a list of names")
+        if isinstance(label, list):
+            label = tuple(label)
+        weight = data.get("weight")
+        if weight is not None and not isinstance(weight, str):
+            raise ConfigError("weight", weight, "the name of a feature")
         limits = data.get("limits", {})
         if not isinstance(limits, Mapping):
             raise ConfigError("limits", limits, f"a table with some of {', '.join(_LIMIT_KEYS)}")
@@ -313,7 +380,7 @@ class Schema:
         for key, value in limits.items():
             if not is_int(value) or value <= 0:
                 raise ConfigError(f"limits.{key}", value, "a positive integer")
-        return cls(features=tuple(features), label=label, **limits)
+        return cls(features=tuple(features), label=label, weight=weight, **limits)
 
     @classmethod
     def from_toml_text(cls, text: str) -> Schema:
