@@ -12,6 +12,7 @@ __all__ = [
     "GroupProtocolError",
     "GroupRepairError",
     "GroupResetError",
+    "ModelDivergedError",
     "OffsetResetError",
     "PipelineError",
     "ShardFailedError",
@@ -25,10 +26,12 @@ __all__ = [
 class StreamerError(Exception):
     """Root of every error this project raises on purpose.
 
-    ``retriable`` says whether trying the same thing again later can succeed.
+    ``retriable`` says whether trying the same thing again later can succeed; ``exit_code``
+    is the worker's exit status when the error ends it (README: exit codes).
     """
 
     retriable: bool = False
+    exit_code: int = 1
 
 
 class ConfigError(StreamerError, ValueError):
@@ -36,6 +39,8 @@ class ConfigError(StreamerError, ValueError):
 
     The message names the setting, the value that came and what is allowed.
     """
+
+    exit_code = 2
 
     def __init__(self, setting: str, value: object, allowed: str) -> None:
         self.setting = setting
@@ -218,3 +223,22 @@ class ShardFailedError(StreamerError):
         self.shard_index = shard_index
         super().__init__(f"shard {shard_index} failed: {type(cause).__name__}: {cause}")
         self.__cause__ = cause
+
+
+class ModelDivergedError(StreamerError):
+    """Training cannot go on: steps in a row had a non-finite loss or gradients, or a weight
+    became non-finite. The last good checkpoint is kept; nothing is committed past it."""
+
+    exit_code = 3
+
+    def __init__(self, detail: str, checkpoint: str | None) -> None:
+        self.checkpoint = checkpoint
+        kept = (
+            f"the last good checkpoint ({checkpoint}) is kept and nothing was committed past it"
+            if checkpoint
+            else "nothing was committed past the last good step"
+        )
+        super().__init__(
+            f"the model diverged: {detail}; {kept}. Lower the learning rate (or check the "
+            "model and its inputs) and restart: the worker resumes from there"
+        )

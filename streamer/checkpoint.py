@@ -9,6 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from streamer.model import ModelBundle
+from streamer.train import check_finite_weights
 
 __all__ = ["Checkpointer"]
 
@@ -50,6 +51,7 @@ class Checkpointer:
             tf.zeros([0], tf.int64), shape=tf.TensorShape([None]), trainable=False
         )
         self._topic = tf.Variable("", dtype=tf.string, trainable=False)
+        self._bundle = bundle
         self._ckpt = tf.train.Checkpoint(
             model=bundle.model,
             optimizer=bundle.optimizer,
@@ -121,8 +123,11 @@ class Checkpointer:
         return True
 
     def save(self, step: int, offsets: Mapping[int, int]) -> str:
+        """Write a checkpoint; ModelDivergedError (nothing written) when a weight of the model
+        or the optimizer is not finite."""
         if self.manager is None:
             raise ValueError("this Checkpointer only restores (no directory to write to)")
+        self._check(step)
         self._assign(step, offsets)
         path: str = self.manager.save(checkpoint_number=step)
         return path
@@ -131,9 +136,19 @@ class Checkpointer:
         """The same checkpoint written to ``prefix``, outside the managed directory (a worker
         of a multi-worker cluster other than the chief: every worker must save, and only the
         chief's copy is kept)."""
+        self._check(step)
         self._assign(step, offsets)
         path: str = self._ckpt.write(prefix)
         return path
+
+    def _check(self, step: int) -> None:
+        bundle = self._bundle
+        check_finite_weights(
+            [*bundle.model.variables, *bundle.optimizer.variables],
+            what="checkpoint",
+            step=step,
+            checkpoint=self.latest,
+        )
 
     def _assign(self, step: int, offsets: Mapping[int, int]) -> None:
         parts = sorted(offsets)

@@ -83,6 +83,7 @@ class WorkerConfig(Options):
             "commit_every_steps",
             "checkpoint_every_steps",
             "checkpoint_keep",
+            "max_nonfinite_steps",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "a positive integer")
@@ -211,10 +212,17 @@ class WorkerConfig(Options):
     def load_schema(self) -> Schema:
         """The schema: ``--schema``'s file, else that of the embedded simulator's task."""
         if self.schema is not None:
-            return Schema.from_file(self.schema)
-        from streamer.simulator import task_named
+            schema = Schema.from_file(self.schema)
+        else:
+            from streamer.simulator import task_named
 
-        return task_named(self.sim_task).schema()
+            schema = task_named(self.sim_task).schema()
+        if self.sample_weight is not None:
+            try:
+                schema = schema.with_weight(self.sample_weight)
+            except ConfigError as exc:
+                raise ConfigError("sample_weight", self.sample_weight, exc.allowed) from exc
+        return schema
 
     def consumer_settings(self, partitions: Sequence[int] | None = None) -> ConsumerSettings:
         """The shards' settings; ``partitions`` (static mode) instead of ``self.partitions``.

@@ -32,7 +32,7 @@ from typing import IO, Any
 import numpy as np
 import tensorflow as tf
 
-from consumers.errors import ConfigError, PipelineError, StreamerError
+from consumers.errors import ConfigError, ModelDivergedError, PipelineError, StreamerError
 from streamer.checkpoint import Checkpointer
 from streamer.columns import flat_outputs, to_batch
 from streamer.commits import AuditLog, CommitSchedule
@@ -51,6 +51,7 @@ from streamer.multiworker import (
     worker_partitions,
 )
 from streamer.mwms import ClusterStep, is_peer_loss, make_strategy, weights_digest
+from streamer.nonfinite import NonFiniteSteps, describe_offsets
 from streamer.offsets import OffsetTracker
 from streamer.padding import END, Batch, PaddedBatcher
 from streamer.position import StreamPosition
@@ -71,6 +72,8 @@ _NO_IDLE_END_S = 10.0**9
 #: After a lost peer: the seconds given to closing the consumers, and to all of the clean-up
 #: before the process exits anyway.
 _ABORT_CLOSE_S = 1.0
+#: The model's compiled metrics are read (an all-reduce) and reported every this many steps.
+_TRAIN_METRICS_EVERY_STEPS = 100
 _ABORT_CLEANUP_S = 5.0
 
 
@@ -159,6 +162,7 @@ class DistributedWorker:
         self.blocks: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_BLOCKS)
         self._formed = False
         self._signal_watch: SignalWatch | None = None
+        self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
 
     # ---- signals ----------------------------------------------------------------------------
 
@@ -432,14 +436,10 @@ class DistributedWorker:
             deadline.start()
             self._abandon()
             return 1
-        except ConfigError as exc:
+        except StreamerError as exc:  # ConfigError: 2; README: exit codes
             log.error("%s", exc)
             self.exit_now = True
-            return 2
-        except StreamerError as exc:
-            log.error("%s", exc)
-            self.exit_now = True
-            return 1
+            return exc.exit_code
         except Exception:
             # A bug or an unexpected library error: the peers must not wait in a collective
             # for this worker, so it ends like a lost peer would (exit_now).
@@ -505,12 +505,17 @@ class DistributedWorker:
                 self.loss = float(ctrl[Control.LOSS]) / loss_rows
             rows = round(float(ctrl[Control.REAL]))
             loss_sum, loss_rows = 0.0, 0
+            applied = True
             if rows:
-                loss_sum = self.steps.train(self._features(batch), batch.weight, rows)
-                loss_rows = rows
-                self.step += 1
+                # Applied or skipped alike on every worker: the verdict is all-reduced.
+                loss_sum, applied = self.steps.train(self._features(batch), batch.weight, rows)
+                if applied:
+                    loss_rows = rows
+                    self.step += 1
+                else:
+                    loss_sum = 0.0
             t2 = time.perf_counter()
-            self._after_step(batch, rows, t2 - t1)
+            self._after_step(batch, rows, applied, t2 - t1)
             decision = decide(
                 ctrl,
                 workers=topo.count,
@@ -533,19 +538,47 @@ class DistributedWorker:
                 status.end()
                 return decision.stop
 
-    def _after_step(self, batch: Batch, rows: int, seconds: float) -> None:
-        """Ack this worker's real rows (their offsets came with the batch), count the round."""
+    def _after_step(self, batch: Batch, rows: int, applied: bool, seconds: float) -> None:
+        """Ack this worker's real rows (their offsets came with the batch), count the round.
+
+        A skipped step (not finite) holds its rows until a step is applied; every worker counts
+        the same run of skipped rounds, so all stop together when it is too long."""
         metrics = self.metrics
         assert metrics is not None
-        if batch.real:
-            part, off, ts = batch.metadata()
+        part, off, ts = batch.metadata()
+        if rows and not applied:
+            metrics.observe_nonfinite_step()
+            stop = self.nonfinite.skipped(part, off)
+            log.warning(
+                "step %d: loss or a gradient not finite on some worker: update skipped on "
+                "every worker (this worker's %d records, partition:offsets %s); %d in a row, "
+                "the cluster stops at %d",
+                self.step + 1,
+                len(off),
+                describe_offsets(part, off) or "-",
+                self.nonfinite.in_a_row,
+                self.config.max_nonfinite_steps,
+            )
+            if stop:
+                raise ModelDivergedError(
+                    f"{self.nonfinite.in_a_row} steps in a row had a non-finite loss or "
+                    f"gradients (the last at step {self.step + 1})",
+                    self.checkpointer.latest if self.checkpointer is not None else None,
+                )
+        elif rows:
+            for held_part, held_off in self.nonfinite.applied():
+                self.tracker.ack(held_part, held_off)
+        if batch.real and applied:
             if self.audit is not None:
                 self.audit.add(part, off)
             self.tracker.ack(part, off)
             metrics.observe_trained(part, off, ts, time.time())
-        if rows:
+        if rows and applied:
             loss = None if np.isnan(self.loss) else self.loss
             metrics.observe_step(batch.real, seconds, batch.waited, loss)
+            if self.step % _TRAIN_METRICS_EVERY_STEPS == 0:
+                # Reading Keras' metrics all-reduces them: every worker at the same step.
+                metrics.observe_train_metrics(self.steps.metric_values())
         metrics.observe_round(batch.padded, idle=not rows)
         self.health.beat("trainer")
         self._formed = True

@@ -45,6 +45,7 @@ import keras
 import tensorflow as tf
 
 from streamer.schema import ROW_LENGTHS_SUFFIX
+from streamer.train import check_finite_weights
 
 __all__ = ["INFO_FILE", "Exporter", "read_info", "serving_inputs"]
 
@@ -176,7 +177,9 @@ class Exporter:
 
         ``inputs`` (``serving_inputs(...)``) are the model's input specs; without a ragged one
         (or without ``inputs``) Keras' export writes the signature from the model's inputs.
+        A model with a NaN or Inf weight is never exported (ModelDivergedError).
         """
+        check_finite_weights(model.variables, what="export", step=step)
         existing = self.versions()
         version = max(int(step), existing[-1] + 1 if existing else 1)
         tmp = os.path.join(self.directory, f"{_TMP_PREFIX}{version}-{secrets.token_hex(4)}")

@@ -332,13 +332,32 @@ class Metrics:
         self.cluster_workers.set(1)
 
         # Model.
-        self.eval_loss = gauge("eval_loss", "Loss of the last evaluation; 0 until the first.")
+        self.eval_loss = gauge(
+            "eval_loss", "Loss of the last evaluation; NaN until the first (never a fake 0)."
+        )
+        self.eval_loss.set(math.nan)
         self.eval_metric = gauge(
             "eval_metric",
-            "Each compiled metric of the model at the last evaluation; 0 until the first.",
+            "Each compiled metric of the model at the last evaluation (Keras' names); "
+            "NaN until the first.",
             ("metric",),
         )
-        self.model_loss = gauge("model_loss", "Training loss of the last step; 0 until the first.")
+        self.model_loss = gauge(
+            "model_loss", "Training loss of the last applied step; NaN until the first."
+        )
+        self.model_loss.set(math.nan)
+        self.train_metric = gauge(
+            "train_metric",
+            "The model's loss and compiled metrics (Keras' names, as model.fit reports them) "
+            "over the training steps of the last window (--status-interval); a series "
+            "appears once the model has trained its first window.",
+            ("metric",),
+        )
+        self.nonfinite_steps = counter(
+            "nonfinite_steps",
+            "Train steps whose loss or gradients were not finite: their update was not "
+            "applied (the model is unchanged).",
+        )
         self.build_info = gauge(
             "build_info",
             "Versions of this worker and its main libraries; always 1.",
@@ -543,10 +562,14 @@ class Metrics:
         if idle:
             self.idle_steps.inc()
 
-    def declare_eval_metrics(self, names: Iterable[str]) -> None:
-        """Create ``eval_metric{metric=name}`` at 0 for each compiled metric (at start-up)."""
-        for name in names:
-            self.eval_metric.labels(name).set(0)
+    def observe_nonfinite_step(self) -> None:
+        """One step whose update was skipped (its loss or gradients were not finite)."""
+        self.nonfinite_steps.inc()
+
+    def observe_train_metrics(self, values: Mapping[str, float]) -> None:
+        """The model's metrics over the last window of training steps (by Keras' names)."""
+        for name, value in values.items():
+            self.train_metric.labels(name).set(value)
 
     def observe_eval(self, loss: float, metrics: Mapping[str, float] | None = None) -> None:
         """The last evaluation's loss and compiled metrics (by name)."""
@@ -644,6 +667,7 @@ class Metrics:
             "checkpoints_failure": checkpoints.get("failure", 0.0),
             "last_poll_timestamp_seconds": _sum_samples(self.last_poll_timestamp),
             "model_loss": _sum_samples(self.model_loss),
+            "nonfinite_steps": _sum_samples(self.nonfinite_steps),
         }
 
 

@@ -2,12 +2,16 @@
 (control all-reduce, weighted training step, offsets), the broadcast of the chief's state, and
 what a lost peer looks like.
 
-A custom ``strategy.run`` step, not ``model.fit`` (Keras 3's fit fails under MWMS with TF 2.21;
-see MULTIWORKER.md). The loss is Σ weight·loss over the worker's rows divided by the
-all-reduced count of real rows of every worker, so each real row weighs the same wherever it
-was read and padding (weight 0) weighs nothing; Keras' optimizer sums the gradients of all
-replicas. A round whose all-reduced real count is 0 never calls the optimizer: Adam moves
-weights even on zero gradients (tests/streamer/test_multiworker.py checks both).
+Keras' own step (``streamer.train.keras_train_step``: ``compute_loss``, regularization,
+compiled metrics, the model's ``train_step`` if it has one) under ``strategy.run``, not
+``model.fit`` (Keras 3's fit fails under MWMS with TF 2.21; see MULTIWORKER.md). Padding rows
+and the normalisation travel as Keras sample weights: a row's weight is its pad weight (0 or 1,
+times the schema's sample weight) times ``B·N/R`` (B rows per worker, N workers, R real rows
+of all workers), so Keras' mean over ``B·N`` rows is Σ weight·loss / R: each real row weighs the
+same wherever it was read and padding weighs nothing. A round whose all-reduced real count is 0
+never calls the optimizer: Adam moves weights even on zero gradients
+(tests/streamer/test_multiworker.py checks both). A step whose loss or gradients are not finite
+is skipped on every worker alike (the verdict is all-reduced).
 """
 
 from __future__ import annotations
@@ -25,8 +29,15 @@ import tensorflow as tf
 from consumers.errors import ConfigError
 from streamer.model import ModelBundle
 from streamer.multiworker import Topology
+from streamer.train import keras_train_step, metric_values
 
-__all__ = ["ClusterStep", "is_peer_loss", "make_strategy", "per_example_loss", "weights_digest"]
+__all__ = [
+    "ClusterStep",
+    "check_per_example_loss",
+    "is_peer_loss",
+    "make_strategy",
+    "weights_digest",
+]
 
 log = logging.getLogger(__name__)
 
@@ -40,29 +51,21 @@ def make_strategy(topology: Topology) -> tf.distribute.MultiWorkerMirroredStrate
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
 
 
-def per_example_loss(loss_fn: Any, labels: tf.Tensor, pred: tf.Tensor) -> tf.Tensor:
-    """The loss of each example, shape [batch], float32.
+def check_per_example_loss(model: keras.Model) -> None:
+    """ConfigError for a model whose output has no per-example axis (``[batch]``).
 
-    A Keras ``Loss`` object's unreduced ``call``, or a loss function; a label and prediction of
-    shape [batch] are treated as [batch, 1] (Keras' mean over the last axis would otherwise
-    average the whole batch). Extra axes are averaged.
+    Keras' mean-over-the-last-axis losses (mse, mae, ...) reduce a ``[batch]`` output to one
+    number for the whole batch, so sample weights (and padding) could not weigh its rows.
     """
-    y = tf.cast(labels, pred.dtype)
-    if y.shape.rank == 1 and pred.shape.rank == 1:
-        y, pred = y[:, None], pred[:, None]
-    fn = loss_fn.call if isinstance(loss_fn, keras.losses.Loss) else loss_fn
-    out = tf.cast(fn(y, pred), tf.float32)
-    rank = out.shape.rank
-    if rank == 0:
-        raise ConfigError(
-            "model",
-            getattr(loss_fn, "name", repr(loss_fn)),
-            "multi-worker training weighs every example: the loss must give one value per "
-            "example (a keras.losses.Loss, or a function of (y_true, y_pred) returning [batch])",
-        )
-    if rank is not None and rank > 1:
-        out = tf.reduce_mean(out, axis=list(range(1, rank)))
-    return out
+    for out in getattr(model, "outputs", None) or ():
+        if len(out.shape) == 1:
+            raise ConfigError(
+                "model",
+                getattr(model, "name", "model"),
+                "multi-worker training weighs every example (padding rows weigh 0): give the "
+                "model outputs of shape [batch, k] (Dense(1) without a Reshape to [batch]); "
+                f"output {getattr(out, 'name', '?')!r} is [batch]",
+            )
 
 
 def weights_digest(model: keras.Model) -> str:
@@ -100,9 +103,10 @@ class ClusterStep:
 
     >>> step = ClusterStep(strategy, bundle, topology)            # doctest: +SKIP
     >>> ctrl = step.sync(local_vector)                             # doctest: +SKIP
-    >>> loss_sum = step.train(features, weight, global_rows)      # doctest: +SKIP
+    >>> loss_sum, applied = step.train(features, weight, global_rows)   # doctest: +SKIP
 
-    ``sync`` returns the all-reduced (SUM) vector; ``train`` this worker's Σ weight·loss.
+    ``sync`` returns the all-reduced (SUM) vector; ``train`` this worker's Σ weight·loss and
+    whether the step was applied.
     """
 
     def __init__(
@@ -124,10 +128,11 @@ class ClusterStep:
                 "one device per worker process: start one worker per GPU (give each its own "
                 "CUDA_VISIBLE_DEVICES, and list every one in TF_CONFIG / --cluster-workers)",
             )
-        model, loss_fn, optimizer = bundle.model, bundle.loss, bundle.optimizer
-        names, label = bundle.input_names, bundle.label
+        model = bundle.model
+        check_per_example_loss(model)
         with strategy.scope():
-            optimizer.build(model.trainable_variables)  # slots exist: checkpoints hold them
+            bundle.optimizer.build(model.trainable_variables)  # slots exist: checkpoints hold them
+        scale = float(strategy.num_replicas_in_sync)
 
         def replica_sync(vec: tf.Tensor) -> tf.Tensor:
             # tf.identity: an input tensor has no replica device to reduce from.
@@ -137,23 +142,16 @@ class ClusterStep:
         def sync(vec: tf.Tensor) -> tf.Tensor:
             return strategy.run(replica_sync, args=(vec,))
 
-        def replica_step(
-            inputs: dict[str, tf.Tensor], labels: tf.Tensor, weight: tf.Tensor, rows: tf.Tensor
-        ) -> tf.Tensor:
-            with tf.GradientTape() as tape:
-                pred = model(inputs, training=True)
-                total = tf.reduce_sum(per_example_loss(loss_fn, labels, pred) * weight)
-                scaled = total / rows
-                if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-                    scaled = optimizer.scale_loss(scaled)
-            grads = tape.gradient(scaled, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return total
+        @tf.autograph.experimental.do_not_convert
+        def replica_step(x: Any, y: Any, weight: tf.Tensor, rows: tf.Tensor) -> Any:
+            batch = tf.cast(tf.shape(weight)[0], tf.float32)
+            loss, ok = keras_train_step(model, x, y, weight * (batch * scale / rows))
+            # Σ weight·loss of this worker's rows: Keras' loss times R / N.
+            return loss * rows / scale, ok
 
         @tf.function(jit_compile=jit_compile, reduce_retracing=True)
-        def train(features: dict[str, Any], weight: tf.Tensor, rows: tf.Tensor) -> tf.Tensor:
-            inputs = {n: features[n] for n in names}
-            return strategy.run(replica_step, args=(inputs, features[label], weight, rows))
+        def train(x: Any, y: Any, weight: tf.Tensor, rows: tf.Tensor) -> Any:
+            return strategy.run(replica_step, args=(x, y, weight, rows))
 
         self._sync = sync
         self._train = train
@@ -165,15 +163,32 @@ class ClusterStep:
 
     def train(
         self, features: Mapping[str, Any], weight: npt.NDArray[np.float32], rows: int
-    ) -> float:
+    ) -> tuple[float, bool]:
         """One training step on this worker's batch; ``rows``: real rows of all workers.
 
-        Returns Σ weight·loss of this worker's rows.
+        Returns Σ weight·loss of this worker's rows and whether the step was applied (False on
+        every worker alike when a loss or gradient anywhere was not finite).
         """
-        names = (*self.bundle.input_names, self.bundle.label)
-        batch = {n: features[n] for n in names}
-        out = self._train(batch, tf.constant(weight), tf.constant(float(rows), tf.float32))
-        return float(_local_results(self.strategy, out))
+        bundle = self.bundle
+        x = {n: features[n] for n in bundle.input_names}
+        labels = bundle.labels
+        y = features[labels[0]] if len(labels) == 1 else {n: features[n] for n in labels}
+        w = np.asarray(weight, np.float32)
+        if bundle.weight:
+            w = w * np.asarray(features[bundle.weight], np.float32)
+        loss, ok = self._train(x, y, tf.constant(w), tf.constant(float(rows), tf.float32))
+        return (
+            float(_local_results(self.strategy, loss)),
+            bool(_local_results(self.strategy, ok)),
+        )
+
+    def metric_values(self) -> dict[str, float]:
+        """The model's metrics since the last call (all-reduced over workers), then reset.
+
+        Every worker must call it at the same round: reading a metric is a collective."""
+        values = metric_values(self.bundle.model)
+        self.bundle.model.reset_metrics()
+        return values
 
     def broadcast(self, extra: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         """Every worker takes the chief's model and optimizer state, and the chief's ``extra``

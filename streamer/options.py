@@ -208,6 +208,18 @@ class Options:
         "model factory package.module:function (gets the schema); unset = the built-in MLP",
         group="training",
     )
+    sample_weight: str | None = option(
+        None,
+        "the schema feature (a numeric scalar) given to Keras as sample_weight, never to the "
+        "model; unset = the schema's weight, if any",
+        group="training",
+    )
+    max_nonfinite_steps: int = option(
+        20,
+        "stop (exit 3, the last good checkpoint kept) after this many steps in a row whose "
+        "loss or gradients were not finite and so were not applied: the model diverges",
+        group="training",
+    )
     learning_rate: float = option(0.001, "learning rate of the built-in model", group="training")
     jit_compile: bool = option(False, "compile the train step with XLA", group="training")
     mixed_precision: bool = option(False, "train with mixed_float16", group="training")

@@ -75,6 +75,11 @@ class TrainingSummaries:
         )
         self._t, self._samples, self._wait = now, 0, 0.0
 
+    def train_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """``train/metric/<name>``: the model's loss and compiled metrics over the last window
+        (Keras' names; ``train/loss`` stays the last step's loss)."""
+        self.scalars(step, {f"train/metric/{k}": v for k, v in metrics.items()})
+
     def eval_loss(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
         """``eval/loss`` and ``eval/<name>`` for each compiled metric, flushed at once."""
         self.scalars(

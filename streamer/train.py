@@ -33,9 +33,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from consumers.errors import ModelDivergedError
 from streamer.model import ModelBundle
 
-__all__ = ["StepResult", "Trainer", "choose_strategy", "finite_gate", "nonfinite_variables"]
+__all__ = [
+    "StepResult",
+    "Trainer",
+    "check_finite_weights",
+    "choose_strategy",
+    "finite_gate",
+    "nonfinite_variables",
+]
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +78,21 @@ def nonfinite_variables(variables: Any) -> list[str]:
         if value.dtype.kind in "fc" and not np.isfinite(value).all():
             bad.append(getattr(v, "path", None) or v.name)
     return bad
+
+
+def check_finite_weights(
+    variables: Any, *, what: str, step: int, checkpoint: str | None = None
+) -> None:
+    """ModelDivergedError when a variable holds a NaN or ±Inf: ``what`` (a checkpoint, an
+    export) is never written with one."""
+    bad = nonfinite_variables(variables)
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ModelDivergedError(
+            f"at step {step} {len(bad)} variables hold NaN or Inf ({shown}): the {what} was "
+            "not written",
+            checkpoint,
+        )
 
 
 def _agree(finite: tf.Tensor) -> tf.Tensor:
@@ -112,6 +135,9 @@ def finite_gate(ok: tf.Tensor, apply: Callable[[Any], None], grads: Any) -> None
     tf.distribute.get_replica_context().merge_call(cross, args=(ok, grads))
 
 
+_FLOAT_DTYPES = frozenset({"float16", "bfloat16", "float32", "float64"})
+
+
 def _loss_scaled(optimizer: Any) -> bool:
     return isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
 
@@ -135,6 +161,11 @@ def keras_train_step(model: keras.Model, x: Any, y: Any, sample_weight: Any) -> 
     from keras.src.losses.loss import unscale_loss_for_distribution
 
     optimizer = model.optimizer
+    # What the forward pass itself updates (BatchNormalization's moving statistics): put back
+    # when the step is skipped, so one bad batch cannot poison them either.
+    restorable = tf.__internal__.distribute.strategy_supports_no_merge_call()
+    frozen = [v for v in model.non_trainable_variables if restorable and v.dtype in _FLOAT_DTYPES]
+    before = [tf.identity(v.value) for v in frozen]
     with tf.GradientTape() as tape:
         y_pred = model(x, training=True)
         # Keras' wrapper of compute_loss: it drops ``training`` for an override without it.
@@ -153,6 +184,14 @@ def keras_train_step(model: keras.Model, x: Any, y: Any, sample_weight: Any) -> 
         finite_gate(ok, lambda g: optimizer.apply_gradients(zip(g, trainable, strict=True)), grads)
     else:
         log.warning("the model has no trainable weights: training changes nothing")
+
+    if frozen:
+
+        def restore() -> None:
+            for v, value in zip(frozen, before, strict=True):
+                v.assign(value)
+
+        tf.cond(ok, lambda: None, restore)
 
     def update_metrics() -> None:
         tracker = model._loss_tracker  # the "loss" Mean that train_step updates
@@ -232,9 +271,7 @@ def _any_batch(value: Any) -> Any:
     if shape.rank:
         relaxed = tf.TensorShape([None, *shape[1:]])
         if isinstance(spec, tf.RaggedTensorSpec):
-            return tf.RaggedTensorSpec(
-                relaxed, spec.dtype, spec.ragged_rank, spec.row_splits_dtype
-            )
+            return tf.RaggedTensorSpec(relaxed, spec.dtype, spec.ragged_rank, spec.row_splits_dtype)
         return tf.TensorSpec(relaxed, spec.dtype)
     return spec
 
@@ -289,7 +326,9 @@ class Trainer:
             strategy_.run(keras_test_step, args=(model, x, y, sample_weight))
 
         eager = bool(getattr(model, "run_eagerly", False))
-        self._step = step if eager else tf.function(step, jit_compile=jit_compile, reduce_retracing=True)
+        self._step = (
+            step if eager else tf.function(step, jit_compile=jit_compile, reduce_retracing=True)
+        )
         self._evaluate = evaluate if eager else tf.function(evaluate, reduce_retracing=True)
 
     @property

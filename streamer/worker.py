@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from consumers import ShardHooks, ShardLike
-from consumers.errors import ConfigError, StreamerError
+from consumers.errors import ConfigError, ModelDivergedError, StreamerError
 from streamer.checkpoint import Checkpointer
 from streamer.commits import AuditLog, CommitSchedule
 from streamer.config import WorkerConfig, resolve_shard_runtime
@@ -25,6 +25,7 @@ from streamer.gctune import release_free_memory, tune_gc
 from streamer.health import Health, MetricsServer
 from streamer.metrics import Metrics
 from streamer.model import load_model
+from streamer.nonfinite import NonFiniteSteps, describe_offsets
 from streamer.offsets import OffsetTracker
 from streamer.position import StreamPosition
 from streamer.probe import BrokerProbe
@@ -70,6 +71,9 @@ class Worker:
         self.profiler: ProfileWindow | None = None
         self.evaluator: Evaluator | None = None
         self.position = StreamPosition()
+        self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
+        self._diverged: ModelDivergedError | None = None
+        self._metrics_window = time.monotonic()
 
     # ---- signals ----------------------------------------------------------------------------
 
@@ -276,7 +280,6 @@ class Worker:
                 batch_size=cfg.batch_size,
                 idle_timeout=min(2.0, cfg.pipeline_settings().idle_timeout_seconds),
             )
-            metrics.declare_eval_metrics(self.evaluator.metric_names)
         self._run_start_step = self._exported_step = self.step
         # --eval-every-seconds counts from the first step of this run and then from the end of
         # the previous evaluation (so a slow evaluation never runs back to back with the next).
@@ -359,10 +362,10 @@ class Worker:
             return 0
         except ConfigError as exc:  # found at start-up: the deployment is wrong, not the run
             log.error("%s", exc)
-            return 2
-        except StreamerError as exc:
+            return exc.exit_code
+        except StreamerError as exc:  # README: exit codes
             log.error("%s", exc)
-            return 1
+            return exc.exit_code
         finally:
             self._shutdown()
             self._finished.set()
@@ -403,9 +406,15 @@ class Worker:
                     break
                 t1 = time.perf_counter()
                 meta = {k: batch.pop(k).numpy() for k in METADATA_COLUMNS}
-                self.loss = self.trainer.step(batch)
+                result = self.trainer.step(batch)
                 t2 = time.perf_counter()
                 n = len(meta["offset"])
+                if not result.applied:
+                    self._skipped(meta["partition"], meta["offset"], result.loss)
+                    continue
+                self.loss = result.loss
+                for part, off in self.nonfinite.applied():  # a run of skipped steps ended
+                    self.tracker.ack(part, off)
                 if self.audit is not None:
                     self.audit.add(meta["partition"], meta["offset"])
                 self.tracker.ack(meta["partition"], meta["offset"])
@@ -432,12 +441,60 @@ class Worker:
             self._end_pass()
         return exhausted and not self._stopping.is_set()
 
+    def _skipped(self, partition: np.ndarray, offset: np.ndarray, loss: float) -> None:
+        """A step whose loss or gradients were not finite: nothing was applied. Its records
+        wait (not acknowledged) for the next applied step; too many in a row stop the worker."""
+        assert self.metrics is not None
+        self.metrics.observe_nonfinite_step()
+        self.health.beat("trainer")
+        self._last_data = time.monotonic()
+        limit = self.config.max_nonfinite_steps
+        stop = self.nonfinite.skipped(partition, offset)
+        log.warning(
+            "step %d: loss %s or a gradient not finite: update skipped, model unchanged "
+            "(%d records, partition:offsets %s); %d in a row, the worker stops at %d",
+            self.step + 1,
+            loss,
+            len(offset),
+            describe_offsets(partition, offset),
+            self.nonfinite.in_a_row,
+            limit,
+        )
+        if stop:
+            checkpoint = self.checkpointer.latest if self.checkpointer is not None else None
+            self._diverged = ModelDivergedError(
+                f"{limit} steps in a row had a non-finite loss or gradients (the last at step "
+                f"{self.step + 1}; {self.nonfinite.held_records} records held, not committed)",
+                checkpoint,
+            )
+            raise self._diverged
+
     # ---- export, summaries, profiling, evaluation ---------------------------------------------
+
+    def _publish_train_metrics(self, force: bool = False) -> None:
+        """The model's metrics over the window since the last report: Prometheus, TensorBoard.
+
+        A window is --status-interval seconds of training (Keras resets its metrics each
+        epoch; a stream has no epochs), and ends early before an evaluation, which shares the
+        model's metric state.
+        """
+        now = time.monotonic()
+        if not force and now - self._metrics_window < self.config.status_interval:
+            return
+        self._metrics_window = now
+        values = self.trainer.metric_values(reset=True)
+        if not values:
+            return
+        assert self.metrics is not None
+        self.metrics.observe_train_metrics(values)
+        if self.summaries is not None:
+            self.summaries.train_metrics(self.step, values)
 
     def _after_step(self, samples: int, input_wait_seconds: float) -> None:
         cfg = self.config
         if self.profiler is not None:
             self.profiler.after_step(self.step)
+        self._publish_train_metrics()
         if self.summaries is not None:
             self.summaries.observe(self.step, self.loss, samples, input_wait_seconds)
         if self.evaluator is not None and self._evaluation_due():
@@ -459,6 +516,9 @@ class Worker:
                 self.config.topic,
                 inputs=serving_inputs(self.dataset.element_spec, self.bundle.input_names),
             )
+        except ModelDivergedError as exc:  # non-finite weights: never exported
+            self._diverged = exc
+            raise
         except Exception as exc:  # a failed export never stops training
             log.error("export at step %d failed: %s", self.step, exc)
             return
@@ -484,6 +544,7 @@ class Worker:
 
     def _evaluate(self) -> None:
         assert self.evaluator is not None and self.metrics is not None
+        self._publish_train_metrics(force=True)  # evaluation resets the model's metrics
         self._evaluated_step = self.step
         t0 = time.monotonic()
         try:
@@ -535,6 +596,10 @@ class Worker:
             path = self.checkpointer.save(self.step, positions)
             self.metrics.checkpoint(True, time.time())
             log.info("checkpoint %s at step %d", path, self.step)
+        except ModelDivergedError as exc:  # non-finite weights: never saved
+            self.metrics.checkpoint(False, time.time())
+            self._diverged = exc
+            raise
         except (OSError, tf.errors.OpError) as exc:
             self.metrics.checkpoint(False, time.time())
             log.error("checkpoint failed: %s", exc)
@@ -544,8 +609,16 @@ class Worker:
         self._checkpoints.done(self.step)
 
     def _end_pass(self) -> None:
-        """After a pass (or on stop): checkpoint if configured, commit everything done, close shards."""
+        """After a pass (or on stop): checkpoint if configured, commit everything done, close shards.
+
+        A diverged model is never checkpointed, and with checkpoints nothing is committed past
+        the last good one (commits follow checkpoints)."""
         try:
+            if self._diverged is not None:
+                if self.checkpointer is None:
+                    self._commit(self.tracker.commit_points())
+                return
+            self._publish_train_metrics(force=True)
             last = self._checkpoints.last_step
             if self.checkpointer is not None and (self._stopping.is_set() or self.step != last):
                 if self.step != last or not self.checkpointer.latest:

@@ -130,9 +130,7 @@ def build_weighted(schema: Schema) -> keras.Model:
     _seeded()
     inputs, h = _mlp_input(schema)
     model = keras.Model(inputs, keras.layers.Dense(1)(h))
-    model.compile(
-        optimizer="adam", loss="mse", weighted_metrics=["mae"], jit_compile=False
-    )
+    model.compile(optimizer="adam", loss="mse", weighted_metrics=["mae"], jit_compile=False)
     return model
 
 
@@ -142,4 +140,15 @@ def build_diverging(schema: Schema) -> keras.Model:
     inputs, h = _mlp_input(schema)
     model = keras.Model(inputs, keras.layers.Dense(1)(h))
     model.compile(optimizer=keras.optimizers.SGD(1e12), loss="mse", jit_compile=False)
+    return model
+
+
+def build_batchnorm(schema: Schema) -> keras.Model:
+    """BatchNormalization: moving statistics that the forward pass itself updates."""
+    _seeded()
+    inputs = {"x": keras.Input(shape=(8,), name="x")}
+    h = keras.layers.BatchNormalization()(inputs["x"])
+    h = keras.layers.Dense(16, activation="relu")(h)
+    model = keras.Model(inputs, keras.layers.Dense(1)(h))
+    model.compile(optimizer="adam", loss="mse", jit_compile=False)
     return model

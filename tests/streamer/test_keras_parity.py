@@ -109,7 +109,9 @@ def _assert_parity(diff: float, ours: dict[str, float], theirs: dict[str, float]
         assert ours[name] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, ours, theirs)
 
 
-STYLES: dict[str, tuple[Callable[[Schema], keras.Model], Callable[[], Schema], Callable[[], Any]]] = {
+STYLES: dict[
+    str, tuple[Callable[[Schema], keras.Model], Callable[[], Schema], Callable[[], Any]]
+] = {
     "string loss": (km.build_string_loss, km.schema_regression, _regression_data),
     "L2 regularizer": (km.build_regularized, km.schema_regression, _regression_data),
     "two outputs, dict loss, loss_weights": (
@@ -118,6 +120,7 @@ STYLES: dict[str, tuple[Callable[[Schema], keras.Model], Callable[[], Schema], C
         _two_output_data,
     ),
     "own train_step": (km.build_custom_train_step, km.schema_regression, _regression_data),
+    "batch normalization": (km.build_batchnorm, km.schema_regression, _regression_data),
     "sample-weight feature": (
         km.build_weighted,
         lambda: km.schema_regression(weight=True),
@@ -189,8 +192,9 @@ def test_sample_weight_zero_rows_change_nothing() -> None:
 # -- non-finite steps -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("style", ["string loss", "own train_step"])
+@pytest.mark.parametrize("style", ["string loss", "own train_step", "batch normalization"])
 def test_a_nonfinite_batch_is_not_applied(style: str) -> None:
+    """Nothing changes: weights, optimizer state, BatchNormalization's moving statistics."""
     build, schema_fn, data_fn = STYLES[style]
     schema = schema_fn()
     trainer = Trainer(bundle_for(build(schema), schema, "test"))
@@ -199,9 +203,9 @@ def test_a_nonfinite_batch_is_not_applied(style: str) -> None:
     before = [w.copy() for w in trainer.model.get_weights()]
     iterations = int(trainer.model.optimizer.iterations.numpy())
     poisoned = dict(batches[1])
-    y = poisoned["y"].numpy().copy()
-    y[3] = np.nan
-    poisoned["y"] = tf.constant(y)
+    x = poisoned["x"].numpy().copy()
+    x[3, 2] = np.inf  # reaches the forward pass (and BatchNormalization's statistics)
+    poisoned["x"] = tf.constant(x)
     result = trainer.step(poisoned)
     assert not result.applied
     after = trainer.model.get_weights()
@@ -248,3 +252,25 @@ def test_nonfinite_variables_names_the_culprits() -> None:
     bad = tf.Variable([[1.0, float("inf")]], name="bad")
     ids = tf.Variable([1, 2], name="ids")
     assert nonfinite_variables([good, bad, ids]) == ["bad:0"]
+
+
+def test_padding_as_keras_sample_weights_equals_the_mean_over_real_rows() -> None:
+    """The multi-worker weighting (streamer/mwms.py): padding rows get weight 0 and the real
+    ones B·N/R, so Keras' mean over the batch is the mean over the R real rows, as the
+    hand-written step of earlier versions computed it (here with N = 1)."""
+    from streamer.train import keras_train_step
+
+    schema = km.schema_regression()
+    data = _regression_data()
+    x, y = data["x"][:BATCH], data["y"][:BATCH]
+    real = 20
+    weight = np.zeros(BATCH, np.float32)
+    weight[:real] = 1.0
+    keras.utils.set_random_seed(km.SEED)
+    padded = km.build_string_loss(schema)
+    step = tf.function(lambda x, y, w: keras_train_step(padded, {"x": x}, y, w * (BATCH / real)))
+    step(x, y, weight)
+    keras.utils.set_random_seed(km.SEED)
+    reference = km.build_string_loss(schema)
+    reference.fit({"x": x[:real]}, y[:real], batch_size=real, epochs=1, shuffle=False, verbose=0)
+    assert _rel_diff(padded.get_weights(), reference.get_weights()) < 1e-6

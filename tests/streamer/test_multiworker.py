@@ -298,23 +298,17 @@ def test_adam_moves_weights_on_zero_gradients_so_idle_rounds_skip_the_optimizer(
     assert not np.allclose(v.numpy(), before), "Adam no longer moves on zero gradients?"
 
 
-def test_per_example_loss_gives_one_value_per_row() -> None:
+def test_a_batch_output_without_a_per_example_axis_is_refused() -> None:
+    """Keras' mse on a [batch] output is one number per batch: padding could not weigh 0."""
     import keras
-    import tensorflow as tf
 
-    from streamer.mwms import per_example_loss
+    from streamer.mwms import check_per_example_loss
 
-    y = tf.constant([1.0, 2.0, 3.0])
-    pred = tf.constant([1.0, 0.0, 3.0])
-    mse = per_example_loss(keras.losses.MeanSquaredError(), y, pred)
-    assert mse.numpy().tolist() == [0.0, 4.0, 0.0]
-    logits = tf.constant([[2.0, 0.0], [0.0, 2.0]])
-    sparse = per_example_loss(
-        keras.losses.SparseCategoricalCrossentropy(from_logits=True), tf.constant([0, 1]), logits
-    )
-    assert sparse.shape == (2,)
-    with pytest.raises(ConfigError, match="one value per example"):
-        per_example_loss(lambda a, b: tf.reduce_mean(a - b), y, pred)
+    x = keras.Input((3,))
+    check_per_example_loss(keras.Model(x, keras.layers.Dense(1)(x)))  # [batch, 1]: fine
+    flat = keras.Model(x, keras.layers.Reshape(())(keras.layers.Dense(1)(x)))
+    with pytest.raises(ConfigError, match=r"outputs of shape \[batch, k\]"):
+        check_per_example_loss(flat)
 
 
 def test_options_without_meaning_for_several_workers_are_refused() -> None:
