@@ -85,6 +85,8 @@ def check_invariants(schema: Schema, values: list[Any], block: DecodedBlock) -> 
             assert arr.view(np.uint8).max(initial=0) <= 1
         if f.is_string:
             assert all(type(v) in (str, bytes) for v in arr.reshape(-1))
+        if f.finite_only:
+            assert np.isfinite(arr).all(), f.name
 
 
 def _assert_rows(block: DecodedBlock, samples: list[dict[str, Any]]) -> None:
@@ -230,8 +232,33 @@ def test_non_bytes_value_is_a_caller_bug() -> None:
         decode_block(SCHEMA, [_good(0), "abc"])  # type: ignore[list-item]
 
 
-def test_nan_and_inf_pass_through_float_features() -> None:
-    schema = Schema((Feature("v", "float16", (3,)), Feature("s", "float32")))
+def test_nan_and_inf_are_dtype_rejects_in_every_encoding() -> None:
+    schema = Schema(
+        (Feature("v", "float16", (3,)), Feature("s", "float32"), Feature("r", "float32", (-1,)))
+    )
+    nan, inf = float("nan"), float("inf")
+    ok = np.array([1, 2, 3], np.float16)
+    values = [
+        _pack({"v": [nan, 1.0, 2.0], "s": 1.0, "r": []}),  # a list
+        _pack({"v": ok.tobytes(), "s": -inf, "r": []}),  # a msgpack float
+        _pack({"v": np.array([1, inf, 3], np.float16).tobytes(), "s": 1.0, "r": []}),  # raw bin
+        _pack({"v": ok.tobytes(), "s": 1.0, "r": [1.0, nan]}),  # a variable-length list
+        _pack({"v": ok.tobytes(), "s": 2.0, "r": [1.0, 2.0]}),
+    ]
+    block = decode_block(schema, values)
+    check_invariants(schema, values, block)
+    assert block.rejected == [(0, "dtype"), (1, "dtype"), (2, "dtype"), (3, "dtype")]
+    assert block.kept.tolist() == [4]
+    assert block.features["r"].row_lengths.tolist() == [2]  # type: ignore[union-attr]
+
+
+def test_nan_and_inf_pass_through_features_that_allow_them() -> None:
+    schema = Schema(
+        (
+            Feature("v", "float16", (3,), allow_non_finite=True),
+            Feature("s", "float32", allow_non_finite=True),
+        )
+    )
     nan, inf = float("nan"), float("inf")
     values = [_pack({"v": [nan, inf, -inf], "s": nan}), _pack({"v": [1, 2, 3], "s": -inf})]
     block = decode_block(schema, values)
@@ -240,6 +267,14 @@ def test_nan_and_inf_pass_through_float_features() -> None:
     np.testing.assert_array_equal(block.features["v"][0], [nan, inf, -inf])
     assert np.isnan(block.features["s"][0])
     assert block.features["s"][1] == -inf
+
+
+def test_a_key_twice_in_a_record_is_format() -> None:
+    """msgpack keeps the last of two equal keys: two producers' fields could shadow each other."""
+    schema = Schema((Feature("y", "float32"),))
+    twice = b"\x82\xa1y" + msgpack.packb(1.0) + b"\xa1y" + msgpack.packb(2.0)
+    block = decode_block(schema, [twice, _pack({"y": 1.0})])
+    assert block.rejected == [(0, "format")] and block.kept.tolist() == [1]
 
 
 def test_output_arrays_are_writable() -> None:
@@ -624,7 +659,10 @@ def test_fuzz_msgpack_token_soup_never_raises(values: list[bytes]) -> None:
 sample_st = st.fixed_dictionaries(
     {
         "a": st.integers(-128, 127).map(np.int8),
-        "f": hnp.arrays(np.float16, (2,)),
+        # Valid samples are finite: NaN and Inf are rejects (tested on their own).
+        "f": hnp.arrays(
+            np.float16, (2,), elements=st.floats(width=16, allow_nan=False, allow_infinity=False)
+        ),
         "k": hnp.arrays(np.bool_, (1, 2)),
     }
 )
@@ -918,7 +956,12 @@ VAR_FUZZ = Schema(
 var_sample_st = st.fixed_dictionaries(
     {
         "i": st.lists(st.integers(-128, 127), max_size=4),
-        "p": st.lists(st.lists(st.floats(width=16), min_size=2, max_size=2), max_size=3),
+        "p": st.lists(
+            st.lists(
+                st.floats(width=16, allow_nan=False, allow_infinity=False), min_size=2, max_size=2
+            ),
+            max_size=3,
+        ),
         "s": st.one_of(st.text(max_size=6), st.binary(max_size=6)),
         "t": st.lists(st.text(max_size=3), max_size=3),
         "b": st.lists(st.booleans(), max_size=2),
@@ -989,8 +1032,9 @@ def test_valid_new_kind_samples_round_trip_exactly(samples: list[dict[str, Any]]
 def test_flat_lists_of_every_numeric_dtype_keep_the_dtype_rules(dtype: str) -> None:
     # Lists of numbers are checked inline (types, then min/max only where msgpack's own
     # integer range does not already fit the dtype): every edge of every dtype.
-    schema = Schema((Feature("v", dtype, (-1,), max_len=4),))
     dt = np.dtype(dtype)
+    # NaN and Inf are the edges of a float dtype that allows them (else they are dtype).
+    schema = Schema((Feature("v", dtype, (-1,), max_len=4, allow_non_finite=dt.kind == "f"),))
     if dt.kind in "iu":
         info = np.iinfo(dt)
         edges = [int(info.min), int(info.max), 0]

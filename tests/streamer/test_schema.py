@@ -141,7 +141,7 @@ def _features(**tables: Any) -> dict[str, Any]:
         ({"features": {}}, "features", {}, "table of feature tables"),
         ({}, "features", None, "table of feature tables"),
         ({"features": [1]}, "features", [1], "table of feature tables"),
-        ({"feature": {}}, "feature", {}, "allowed: features, label, limits"),
+        ({"feature": {}}, "feature", {}, "allowed: features, label, weight, limits"),
         (_features(x={"dtype": "float128"}), "features.x.dtype", "float128", "float32"),
         (_features(x={"dtype": "str"}), "features.x.dtype", "str", "one of bool"),
         (_features(x={"dtype": 4}), "features.x.dtype", 4, "one of bool"),
@@ -564,3 +564,54 @@ def test_every_toml_schema_in_the_readme_parses() -> None:
     kinds = Schema.from_toml_text(max(blocks, key=len))
     assert {f.name for f in kinds.features if f.is_ragged} == {"items", "tags", "recent"}
     assert kinds.feature("clicks").is_padded and kinds.feature("country").default == "unknown"
+
+
+def test_labels_weight_and_allow_non_finite() -> None:
+    schema = Schema.from_toml_text(
+        """
+label = ["price", "clicked"]
+weight = "w"
+[features.x]
+dtype = "float32"
+shape = [4]
+allow_non_finite = true
+[features.price]
+dtype = "float32"
+[features.clicked]
+dtype = "float32"
+[features.w]
+dtype = "float32"
+"""
+    )
+    assert schema.labels == ("price", "clicked") and schema.weight == "w"
+    assert [f.name for f in schema.input_features] == ["x"]
+    assert schema.feature("x").allow_non_finite and not schema.feature("x").finite_only
+    assert schema.feature("price").finite_only
+    assert Schema.from_dict(schema.to_dict()) == schema
+
+
+@pytest.mark.parametrize(
+    ("data", "setting", "allowed"),
+    [
+        ({"weight": "nope"}, "weight", "the name of a feature"),
+        ({"weight": "y"}, "weight", "other than the label"),
+        ({"weight": "v"}, "weight", "numeric scalar"),
+        ({"label": ["y", "y"]}, "label", "each label once"),
+        ({"label": []}, "label", "a list of names"),
+    ],
+)
+def test_bad_labels_and_weights_are_refused(
+    data: dict[str, Any], setting: str, allowed: str
+) -> None:
+    tables = {"y": {"dtype": "float32"}, "v": {"dtype": "float32", "shape": [2]}}
+    with pytest.raises(ConfigError) as info:
+        Schema.from_dict({"label": "y", **data, "features": tables})
+    assert info.value.setting == setting and allowed in info.value.allowed
+
+
+def test_allow_non_finite_only_on_floats_and_defaults_are_finite() -> None:
+    with pytest.raises(ConfigError, match="float feature only"):
+        Feature("n", "int32", allow_non_finite=True)
+    with pytest.raises(ConfigError, match="finite numbers"):
+        Feature("f", "float32", default=float("nan"))
+    assert Feature("f", "float32", default=float("nan"), allow_non_finite=True).default != 0
