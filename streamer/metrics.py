@@ -175,9 +175,9 @@ class Metrics:
     committed <= trained, so it is high watermark - trained. The trained offset is the highest
     trained offset + 1 within the current assignment (it never moves back while assigned).
 
-    ``eval_loss`` and ``model_loss`` read 0 until the first evaluation / step reports one;
-    ``eval_metric{metric}`` has one series per compiled metric of the model (declared at 0 when
-    evaluation is set up: ``declare_eval_metrics``), none without ``--eval-topic``.
+    ``eval_loss`` and ``model_loss`` read NaN until the first evaluation / step reports one
+    (never a perfect-looking 0); ``eval_metric{metric}`` and ``train_metric{metric}`` have one
+    series per metric of the model (Keras' names), from its first evaluation / window on.
     """
 
     def __init__(
@@ -338,8 +338,8 @@ class Metrics:
         self.eval_loss.set(math.nan)
         self.eval_metric = gauge(
             "eval_metric",
-            "Each compiled metric of the model at the last evaluation (Keras' names); "
-            "NaN until the first.",
+            "Each compiled metric of the model at the last evaluation (Keras' names); a "
+            "series appears with the first evaluation.",
             ("metric",),
         )
         self.model_loss = gauge(
@@ -671,6 +671,53 @@ class Metrics:
         }
 
 
+def reference() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """Every metric family the worker exports: (name, type, labels, help), in order.
+
+    The README's metric reference is this list (``python -m streamer.metrics`` prints it as
+    Markdown; a test keeps the two equal).
+    """
+    m = Metrics("t", version="v", tensorflow_version="v", kafka_python_version="v")
+    out: list[tuple[str, str, tuple[str, ...], str]] = []
+    for value in vars(m).values():
+        if isinstance(value, MetricWrapperBase):
+            # prometheus_client keeps the declared label names only here.
+            labels = tuple(getattr(value, "_labelnames", ()))
+            for family in value.describe():
+                name = family.name + ("_total" if family.type == "counter" else "")
+                out.append((name, family.type, labels, family.documentation))
+        elif isinstance(value, _BatchHistogram):
+            for family in value.describe():
+                out.append((family.name, family.type, (), family.documentation))
+    return out
+
+
+def reference_markdown(alerts: Mapping[str, list[str]] | None = None) -> str:
+    """The metric reference as a Markdown table; ``alerts``: family -> alert rules using it."""
+    lines = [
+        "| metric | type | labels | meaning | alerts |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for name, kind, labels, doc in reference():
+        used = ", ".join(sorted((alerts or {}).get(name, []))) or "-"
+        shown = ", ".join(f"`{x}`" for x in labels) or "-"
+        lines.append(f"| `{name}` | {kind} | {shown} | {doc} | {used} |")
+    return "\n".join(lines) + "\n"
+
+
+def alerts_by_metric(rules_text: str) -> dict[str, list[str]]:
+    """Which alert rules of a Prometheus rule file use each ``streamer_*`` family."""
+    import re
+
+    out: dict[str, list[str]] = {}
+    for block in re.split(r"\n\s*- alert: ", rules_text)[1:]:
+        alert = block.split("\n", 1)[0].strip()
+        expr = block.split("annotations:", 1)[0]
+        for family in set(re.findall(r"\b(streamer_[a-z_]+?)(?:_bucket|_count|_sum)?\b", expr)):
+            out.setdefault(family, []).append(alert)
+    return out
+
+
 def _value_samples(metric: MetricWrapperBase) -> Iterator[tuple[dict[str, str], float]]:
     # Counters also expose "_created" samples; only the value samples are wanted.
     for family in metric.collect():
@@ -685,3 +732,11 @@ def _sum_samples(metric: MetricWrapperBase) -> float:
 
 def _by_label(metric: MetricWrapperBase, label: str) -> dict[str, float]:
     return {labels[label]: value for labels, value in _value_samples(metric)}
+
+
+if __name__ == "__main__":  # python -m streamer.metrics [alerts.yml]: the README's reference
+    import sys
+    from pathlib import Path
+
+    rules = Path(sys.argv[1]).read_text(encoding="utf-8") if len(sys.argv) > 1 else ""
+    print(reference_markdown(alerts_by_metric(rules)), end="")

@@ -62,6 +62,8 @@ METRICS: dict[str, str] = {
     "streamer_eval_loss": "gauge",
     "streamer_eval_metric": "gauge",
     "streamer_model_loss": "gauge",
+    "streamer_train_metric": "gauge",
+    "streamer_nonfinite_steps_total": "counter",
     "streamer_build_info": "gauge",
     "streamer_padded_rows_total": "counter",
     "streamer_idle_steps_total": "counter",

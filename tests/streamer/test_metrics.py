@@ -73,8 +73,7 @@ def test_every_series_exists_at_zero_from_start_up() -> None:
         ("streamer_assigned_partitions", {}),
         ("streamer_last_poll_timestamp_seconds", {}),
         ("streamer_last_checkpoint_timestamp_seconds", {}),
-        ("streamer_eval_loss", {}),
-        ("streamer_model_loss", {}),
+        ("streamer_nonfinite_steps_total", {}),
         ("streamer_record_age_at_train_seconds_count", {}),
         ("streamer_record_age_at_train_seconds_sum", {}),
         ("streamer_record_age_at_train_seconds_bucket", {"le": "+Inf"}),
@@ -105,6 +104,9 @@ def test_every_series_exists_at_zero_from_start_up() -> None:
         ]
     missing = [(n, lb) for n, lb in expected if m.registry.get_sample_value(n, lb) != 0.0]
     assert missing == []
+    # A loss before the first step or evaluation is unknown, never a perfect-looking 0.
+    for name in ("streamer_eval_loss", "streamer_model_loss"):
+        assert math.isnan(m.registry.get_sample_value(name, {}) or 0.0), name
     assert set(QUEUE_STAGES) == {"shard", "prefetch", "dead_letter"}
     assert len(DECODE_ERROR_REASONS) == 8
     build = {"version": "0.1.0", "tensorflow": "2.21.0", "kafka_python": "3.0.12"}
@@ -437,3 +439,21 @@ def test_concurrent_updates_and_revocation_leave_no_stale_series() -> None:
         assert value(m, name, **pl(2)) is None
         assert value(m, name, **pl(3)) is None
     assert value(m, "streamer_assigned_partitions") == 2.0
+
+
+def test_the_readme_metric_reference_is_the_code_s() -> None:
+    """Every family, its type, labels, help and alerts, as the code declares them."""
+    from pathlib import Path
+
+    from streamer.metrics import alerts_by_metric, reference, reference_markdown
+
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    block = readme.split("<!-- metrics:begin -->\n", 1)[1].split("<!-- metrics:end -->", 1)[0]
+    rules = (root / "deploy" / "prometheus" / "alerts.yml").read_text(encoding="utf-8")
+    assert block == reference_markdown(alerts_by_metric(rules)), (
+        "README's metric reference is stale: regenerate it with "
+        "python -m streamer.metrics deploy/prometheus/alerts.yml"
+    )
+    names = [name for name, *_ in reference()]
+    assert len(names) == len(set(names)) and "streamer_nonfinite_steps_total" in names
