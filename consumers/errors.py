@@ -15,6 +15,7 @@ __all__ = [
     "ModelDivergedError",
     "OffsetResetError",
     "PipelineError",
+    "RejectLimitError",
     "ShardFailedError",
     "StreamerError",
     "TlsHandshakeError",
@@ -241,4 +242,21 @@ class ModelDivergedError(StreamerError):
         super().__init__(
             f"the model diverged: {detail}; {kept}. Lower the learning rate (or check the "
             "model and its inputs) and restart: the worker resumes from there"
+        )
+
+
+class RejectLimitError(StreamerError):
+    """Too large a share of the latest records was rejected by the decoder: a wrong schema or a
+    bad producer deploy. The worker stops without committing past them."""
+
+    exit_code = 4
+
+    def __init__(self, summary: str, example: str, held: dict[int, int]) -> None:
+        self.held = dict(held)
+        where = ", ".join(f"partition {p} from offset {o}" for p, o in sorted(held.items()))
+        super().__init__(
+            f"stopped by the reject breaker: {summary} (for example: {example}); nothing was "
+            f"committed past them ({where or 'none held'}). Fix the schema (--schema) or the "
+            "producer and restart: the worker decodes them again. A topic that really holds "
+            "that many bad records: raise --max-reject-fraction (1 turns the breaker off)"
         )

@@ -11,11 +11,12 @@ import contextlib
 import logging
 import multiprocessing
 import pickle
+import signal
 import struct
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
@@ -283,6 +284,11 @@ class _RemoteBarrier:
         return self.released
 
 
+#: Signals a shard child leaves to its parent: a terminal's Ctrl-C or systemd's control-group
+#: stop reaches every process of the group, and only the parent may stop cleanly.
+_PARENT_SIGNALS: Final = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
 def _child_main(
     data_conn: Any,
     ctrl_conn: Any,
@@ -294,6 +300,11 @@ def _child_main(
     levels: dict[str, int],
     reasons: dict[int, str] | None = None,
 ) -> None:
+    # Terminal and group signals are the parent's to act on (DESIGN.md section 3, shutdown):
+    # the parent started this process with them blocked, so none arrived before this point.
+    for signum in _PARENT_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _PARENT_SIGNALS)
     lock = threading.Lock()
 
     def send(event: object) -> None:
@@ -433,7 +444,13 @@ class ProcessShard:
             name=f"streamer-shard-{self.shard_index}",
             daemon=True,
         )
-        self._proc.start()
+        # Blocked while the child starts (a mask survives the exec of a spawned child), so a
+        # Ctrl-C to the process group never reaches it before it ignores such signals itself.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _PARENT_SIGNALS)
+        try:
+            self._proc.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child_data.close()
         child_ctrl.close()
         for target, name in ((self._read_blocks, "blocks"), (self._read_events, "events")):

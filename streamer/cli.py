@@ -41,7 +41,12 @@ class _JsonFormatter(logging.Formatter):
 
 def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     """The library never configures logging; the CLI does, once."""
+    from consumers.redact import RedactingFilter
+
     handler = logging.StreamHandler(sys.stderr)
+    # Whatever level a logger runs at, no Kafka secret reaches the output: the handler masks
+    # the values the client adapters registered (consumers/redact.py) in every record.
+    handler.addFilter(RedactingFilter())
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
@@ -49,7 +54,8 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # kafka-python is chatty at INFO (every connection and rebalance step).
+    # kafka-python is chatty at INFO (every connection and rebalance step), and at DEBUG logs
+    # every request (the SASL login among them) and its admin client's configuration.
     logging.getLogger("kafka").setLevel(max(logging.WARNING, root.level))
     logging.getLogger("confluent_kafka").setLevel(max(logging.WARNING, root.level))
     # TensorFlow's Python loggers at INFO: every collective multi-worker training builds,

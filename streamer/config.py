@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
+import math
 import os
 import socket
 import tomllib
@@ -262,6 +264,7 @@ class WorkerConfig(Options):
             idle_timeout_seconds=idle,
             linger=True,
             shuffle_buffer=self.shuffle_buffer,
+            max_reject_fraction=self.max_reject_fraction,
             start_from=self.start_position(),
             stop_at=None if self.replay is None else self.replay.stop,
         )
@@ -304,31 +307,66 @@ def add_run_arguments(
         )
 
 
+_KIND_WORDS: dict[type, str] = {int: "an integer", float: "a number"}
+
+
+def _typed(opt: Option, value: Any, source: str) -> Any:
+    """A TOML value (already typed by the TOML parser) checked against the option's type:
+    never converted with a loss (``2.7`` is not an int, ``[1.9]`` not a partition list)."""
+    kind = opt.kind
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(opt.name, value, f"from {source}: true or false")
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(opt.name, value, f"from {source}: an integer")
+        return value
+    if kind is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(opt.name, value, f"from {source}: a number")
+        return float(value)
+    if kind is tuple:
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) for v in value
+        ):
+            raise ConfigError(opt.name, value, f"from {source}: a list of integers, e.g. [0, 1]")
+        return tuple(value)
+    if not isinstance(value, str):
+        raise ConfigError(opt.name, value, f"from {source}: a string")
+    return value
+
+
 def _convert(opt: Option, value: Any, source: str) -> Any:
+    """A value from a flag, a variable (text) or a TOML file (typed), as the option's type."""
     if value is None:
         return None
-    if isinstance(value, str):
+    if isinstance(value, str) and opt.kind is not str:
         try:
-            out = opt.parse(value)
+            out = opt.parse(value.strip())
         except (ValueError, TypeError) as exc:
-            raise ConfigError(
-                opt.name, value, f"from {source}: {exc or opt.kind.__name__}"
-            ) from exc
-    else:  # a TOML value: already typed
-        out = value
-        if opt.kind is tuple and isinstance(value, list):
-            out = tuple(int(v) for v in value)
-        elif opt.kind in (int, float) and (
-            isinstance(value, bool) or not isinstance(value, (int, float))
-        ):
-            raise ConfigError(opt.name, value, f"from {source}: a number")
-        elif opt.kind is bool and not isinstance(value, bool):
-            raise ConfigError(opt.name, value, f"from {source}: true or false")
-        elif opt.kind is float:
-            out = float(value)
+            what = _KIND_WORDS.get(opt.kind) or str(exc)
+            raise ConfigError(opt.name, value, f"from {source}: {what}") from exc
+    else:
+        out = _typed(opt, value, source)
+    if opt.choices is not None and out not in opt.choices:
+        # Enumerations are case-insensitive: --log-level info is INFO.
+        out = next((c for c in opt.choices if c.lower() == str(out).lower()), out)
+    if opt.kind is float and not math.isfinite(out):
+        raise ConfigError(opt.name, value, f"from {source}: a finite number")
     if opt.choices is not None and out not in opt.choices:
         raise ConfigError(opt.name, value, f"from {source}: one of {', '.join(opt.choices)}")
     return out
+
+
+def _unknown(name: str, known: Sequence[str], where: str) -> ConfigError:
+    """An unknown key or variable: its name and the closest known ones, never its value (it
+    may be a secret put under a wrong name)."""
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(close)}?" if close else "see streamer run --help"
+    if "password" in name.lower() and not name.startswith(ENV_PREFIX):
+        hint = "passwords come only from the environment: " + ", ".join(SECRET_ENV)
+    return ConfigError(name, "(set)", f"unknown {where}; {hint}")
 
 
 def load_config(
@@ -359,16 +397,12 @@ def load_config(
         for key, value in data.items():
             opt = _BY_NAME.get(key)
             if opt is None:
-                raise ConfigError(
-                    key,
-                    value,
-                    f"unknown key in {config_path}; known keys: {', '.join(sorted(_BY_NAME))}",
-                )
+                raise _unknown(key, sorted(_BY_NAME), f"key in {config_path}")
             values[key] = _convert(opt, value, config_path)
     known_env = {o.env for o in OPTIONS} | set(SECRET_ENV) | {"STREAMER_CONFIG"}
     for key in env:
         if key.startswith(ENV_PREFIX) and key not in known_env:
-            raise ConfigError(key, "(set)", "unknown STREAMER_ variable; see streamer run --help")
+            raise _unknown(key, sorted(known_env), "STREAMER_ variable")
     for opt in OPTIONS:
         if opt.env in env:
             values[opt.name] = _convert(opt, env[opt.env], opt.env)

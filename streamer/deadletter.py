@@ -1,4 +1,8 @@
-"""DeadLetterWriter: records that fail to decode go to a dead-letter topic, done once acknowledged."""
+"""DeadLetterWriter: records that fail to decode go to a dead-letter topic, done once acknowledged.
+
+A dead letter always advances: a letter the dead-letter topic can never take (too large,
+invalid) is written again without its value, so the source partition's commit point moves on.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "HEADER_ERROR",
     "HEADER_OFFSET",
+    "HEADER_ORIGINAL_SIZE",
     "HEADER_PARTITION",
     "HEADER_REASON",
     "HEADER_TOPIC",
     "DeadLetterBacklogFull",
     "DeadLetterWriter",
+    "is_permanent",
 ]
 
 log = logging.getLogger(__name__)
@@ -27,6 +34,10 @@ HEADER_TOPIC = "streamer.source.topic"
 HEADER_PARTITION = "streamer.source.partition"
 HEADER_OFFSET = "streamer.source.offset"
 HEADER_REASON = "streamer.reason"
+#: Header-only letters: the rejected record's size in bytes (its value is not in the letter).
+HEADER_ORIGINAL_SIZE = "streamer.original.size"
+#: Header-only letters: the name of the produce error that refused the whole letter.
+HEADER_ERROR = "streamer.produce.error"
 
 Done = Callable[[int, int], None]
 
@@ -34,6 +45,43 @@ Done = Callable[[int, int], None]
 _MAX_RETRY_S = 30.0
 #: A failed write is logged at once, then at most once per this many seconds (with a count).
 _LOG_EVERY_S = 10.0
+#: The producer's max_request_size when the dead-letter topic's max.message.bytes is unknown.
+_DEFAULT_MAX_REQUEST = 16 * 1024 * 1024
+#: Added to the topic's max.message.bytes for the producer's own (estimated) size check: a
+#: letter near the limit is left to the broker, which measures it exactly.
+_REQUEST_HEADROOM = 64 * 1024
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True when writing the same letter again can never succeed: the letter itself is refused.
+
+    Too large for the topic (``MessageSizeTooLargeError``, raised by the producer's own check
+    or by the broker; Java's ``RecordTooLargeException`` is the same error code;
+    ``RecordListTooLargeError``), refused as invalid (``InvalidRecordError``,
+    ``CorruptRecordError``), and any other error response the broker marks non-retriable.
+    Retrying those would freeze the source partition's commit point forever.
+
+    Authorization and authentication errors are not permanent here: they concern the
+    worker's principal, not the letter; an operator grants the ACL at run time and the same
+    write then succeeds (and a header-only letter would be refused the same way). Client-side
+    conditions (timeouts, a lost connection, a producer closed under a write, a missing topic)
+    and anything that is not a Kafka error response are retried too.
+    """
+    import kafka.errors as kerrors
+
+    if isinstance(
+        exc,
+        (
+            kerrors.MessageSizeTooLargeError,
+            kerrors.RecordListTooLargeError,
+            kerrors.InvalidRecordError,
+            kerrors.CorruptRecordError,
+        ),
+    ):
+        return True
+    if isinstance(exc, (kerrors.AuthorizationError, kerrors.SaslAuthenticationFailedError)):
+        return False
+    return isinstance(exc, kerrors.BrokerResponseError) and not exc.retriable
 
 
 class DeadLetterBacklogFull(RuntimeError):
@@ -50,6 +98,9 @@ class _Letter:
     offset: int = field(compare=False)
     reason: str = field(compare=False)
     attempts: int = field(default=0, compare=False)
+    #: Set on a header-only letter: the record's size and the error that refused it whole.
+    original_size: int | None = field(default=None, compare=False)
+    error: str | None = field(default=None, compare=False)
 
 
 class DeadLetterWriter:
@@ -60,9 +111,25 @@ class DeadLetterWriter:
     the record. ``on_done(partition, offset)`` is called only once the broker acknowledged the
     write: only then does the source record count as done for committing. A write that fails
     (including after the producer's own retries, or a send that cannot get the topic's
-    metadata within ``max_block_ms``) leaves the record not done, so the commit point stays
-    below it; it is reported through ``on_failure`` and retried, 1 s doubling to 30 s, for as
-    long as the writer runs. Good records keep training meanwhile.
+    metadata within ``max_block_ms``) with a retriable error leaves the record not done, so the
+    commit point stays below it; it is reported through ``on_failure`` and retried, 1 s
+    doubling to 30 s, for as long as the writer runs. Good records keep training meanwhile.
+
+    A dead letter always advances. A write refused for good (:func:`is_permanent`: too large
+    for the dead-letter topic, invalid) is reported through ``on_failure`` and replaced by a
+    header-only letter: an empty value, the origin and reason headers, the record's size
+    (``HEADER_ORIGINAL_SIZE``) and the error's name (``HEADER_ERROR``); once that is written the
+    record is done. Retrying the whole letter could never succeed and would hold the source
+    partition's commit point below it forever, so its good records would be trained again on
+    every pass. If even the header-only letter is refused for good, the record is logged at
+    ERROR, counted (``lost`` and ``on_failure``) and treated as done all the same (``on_done``
+    is called): it is in no dead-letter topic, but the partition never freezes.
+
+    ``max_message_bytes`` is the dead-letter topic's ``max.message.bytes`` (None: unknown):
+    the producer's ``max_request_size`` is sized to it, so a letter the topic can take is sent
+    and one it cannot is refused by the producer before it crosses the network.
+    ``max_record_bytes``, the largest record the source topic holds (its
+    ``max.message.bytes``), sizes the backlog to hold two such records.
 
     Memory is bounded: records waiting to be written hold at most ``max_backlog_bytes``; a
     record that does not fit is not taken (``on_failure`` gets ``DeadLetterBacklogFull``) and
@@ -80,12 +147,21 @@ class DeadLetterWriter:
         producer_factory: Callable[..., Any] | None = None,
         max_backlog_bytes: int = 64 * 1024 * 1024,
         max_block_ms: int = 5_000,
+        max_message_bytes: int | None = None,
+        max_record_bytes: int | None = None,
     ) -> None:
         from kafka import KafkaProducer
 
         factory = producer_factory or KafkaProducer
         self.topic = topic
-        self.max_backlog_bytes = max_backlog_bytes
+        largest = max(max_message_bytes or 0, max_record_bytes or 0)
+        # A backlog smaller than one record would refuse it on every pass: a frozen partition.
+        self.max_backlog_bytes = max(max_backlog_bytes, 2 * largest)
+        max_request_size = (
+            max(max_message_bytes + _REQUEST_HEADROOM, 1024 * 1024)
+            if max_message_bytes
+            else _DEFAULT_MAX_REQUEST
+        )
         self._on_done = on_done
         self._on_failure = on_failure
         self._cond = threading.Condition()
@@ -99,8 +175,12 @@ class DeadLetterWriter:
         self.written = 0
         self.failed = 0  # failed attempts (a record retried three times counts three)
         self.refused = 0  # records not taken: the backlog was full
+        self.header_only = 0  # letters refused whole for good, written without their value
+        self.lost = 0  # records whose header-only letter was refused too: done, not written
         self._failures_unlogged = 0
         self._logged_at = -1e9
+        #: Rate limits of the header-only and lost log lines: kind -> (last logged, unlogged).
+        self._log_limits: dict[str, tuple[float, int]] = {}
         self._config: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers,
             client_id="streamer-dead-letter",
@@ -110,7 +190,7 @@ class DeadLetterWriter:
             max_block_ms=max_block_ms,
             request_timeout_ms=10_000,
             delivery_timeout_ms=15_000,
-            max_request_size=16 * 1024 * 1024,
+            max_request_size=max_request_size,
             **(security or {}),
         )
         self._factory = factory
@@ -208,6 +288,9 @@ class DeadLetterWriter:
             (HEADER_OFFSET, str(letter.offset).encode()),
             (HEADER_REASON, letter.reason.encode()),
         ]
+        if letter.error is not None:
+            headers.append((HEADER_ORIGINAL_SIZE, str(letter.original_size).encode()))
+            headers.append((HEADER_ERROR, letter.error.encode()))
         try:
             # Blocks up to max_block_ms while the topic's metadata is unknown (missing topic,
             # broker down): this thread's time, never a decode op's.
@@ -228,6 +311,9 @@ class DeadLetterWriter:
         self._on_done(letter.partition, letter.offset)
 
     def _failed(self, letter: _Letter, exc: BaseException) -> None:
+        if is_permanent(exc):
+            self._refused_for_good(letter, exc)
+            return
         with self._cond:
             self._renew = True
             self.failed += 1
@@ -236,6 +322,75 @@ class DeadLetterWriter:
             heapq.heappush(self._retry, letter)
             self._cond.notify_all()
         self._report(exc, f"{letter.topic}/{letter.partition}@{letter.offset}")
+
+    def _refused_for_good(self, letter: _Letter, exc: BaseException) -> None:
+        """The broker (or the producer's own check) will never take this letter.
+
+        A whole letter is queued again as a header-only letter; a header-only letter that is
+        refused too is given up: counted, logged at ERROR and made done, so that its source
+        partition's commit point moves on.
+        """
+        where = f"{letter.topic}/{letter.partition}@{letter.offset}"
+        error = type(exc).__name__
+        if letter.error is None:
+            size = len(letter.value)
+            with self._cond:
+                self.header_only += 1
+                self._backlog_bytes -= size
+                letter.original_size, letter.error, letter.value = size, error, b""
+                letter.attempts, letter.due = 0, 0.0
+                self._new.append(letter)
+                self._cond.notify_all()
+            if self._on_failure is not None:
+                self._on_failure(exc)
+            count = self._may_log("header_only")
+            if count:
+                log.warning(
+                    "dead-letter topic %r refused the letter of %s (%d bytes) for good (%s; %d "
+                    "such letters since the last message): writing it without its value, with "
+                    "headers %s and %s; raise the topic's max.message.bytes if it was too large",
+                    self.topic,
+                    where,
+                    size,
+                    error,
+                    count,
+                    HEADER_ORIGINAL_SIZE,
+                    HEADER_ERROR,
+                )
+            return
+        with self._cond:
+            self.lost += 1
+            self.pending -= 1
+            self._waiting.discard((letter.topic, letter.partition, letter.offset))
+            self._cond.notify_all()
+        if self._on_failure is not None:
+            self._on_failure(exc)
+        count = self._may_log("lost")
+        if count:
+            log.error(
+                "dead-letter topic %r refused even the header-only letter of %s for good (%s; "
+                "%d such records since the last message): the record is in no dead-letter "
+                "topic and counts as done, so that its partition's commits move on; check the "
+                "topic's configuration (max.message.bytes)",
+                self.topic,
+                where,
+                error,
+                count,
+            )
+        self._on_done(letter.partition, letter.offset)
+
+    def _may_log(self, kind: str) -> int:
+        """Occurrences of ``kind`` to log now (0: not now): the first at once, then one line per
+        10 s with the count since the last."""
+        now = time.monotonic()
+        with self._cond:
+            logged_at, unlogged = self._log_limits.get(kind, (-1e9, 0))
+            unlogged += 1
+            if now - logged_at < _LOG_EVERY_S:
+                self._log_limits[kind] = (logged_at, unlogged)
+                return 0
+            self._log_limits[kind] = (now, 0)
+            return unlogged
 
     def _report(self, exc: BaseException, where: str) -> None:
         """Count a failure; log the first at once, then one line per 10 s with a count."""

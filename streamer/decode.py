@@ -82,6 +82,7 @@ __all__ = [
     "Reason",
     "decode_block",
     "encode_record",
+    "explain_reject",
 ]
 
 
@@ -425,6 +426,100 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
     if plan.finite and n:
         arrays, kept_rows, rejected = _drop_non_finite(plan.finite, arrays, kept_rows, rejected)
     return DecodedBlock(arrays, kept_rows, rejected)
+
+
+def _expected(fp: FeaturePlan) -> str:
+    dtype = "string" if fp.string else fp.dtype.name
+    if fp.variable:
+        inner = "".join(f", {d}" for d in fp.inner_shape)
+        return f"[0..{fp.max_len}{inner}] {dtype}"
+    if fp.string:
+        return f"{list(fp.shape)} string" if fp.shape else "a string"
+    raw = f" ({fp.nbytes} bytes as bin)" if fp.shape else ""
+    return f"{list(fp.shape)} {dtype}{raw}"
+
+
+def _found(item: object) -> str:
+    """What a record holds, by kind and shape only: never a value of the record."""
+    if item is MISSING:
+        return "nothing (the field is missing and has no default)"
+    if item is None:
+        return "nil"
+    if isinstance(item, bytes):
+        return f"{len(item)} bytes (bin)"
+    if isinstance(item, str):
+        return "a string"
+    if isinstance(item, bool):
+        return "a bool"
+    if isinstance(item, int | float):
+        return f"a msgpack {type(item).__name__}"
+    if isinstance(item, list):
+        shape: list[int] = []
+        level: object = item
+        while isinstance(level, list):
+            shape.append(len(level))
+            level = level[0] if level else None
+        return f"a list of shape {shape}"
+    if isinstance(item, dict):
+        shape_field = item.get("shape", item.get(b"shape"))
+        if shape_field is not None:
+            return f"a msgpack-numpy array of shape {shape_field}"
+        return "a map"
+    return type(item).__name__
+
+
+_RECORD_REASONS: Final = {
+    "truncated": "not a complete msgpack value (or an empty one: a tombstone)",
+    "extra_data": "bytes after the end of the msgpack value",
+    "too_deep": "nested deeper than the schema's max_depth",
+    "format": "not a msgpack map with string keys (or a key twice, an ext type, bad UTF-8)",
+}
+
+
+def explain_reject(schema: Schema, value: bytes | None) -> str:
+    """Why ``decode_block`` rejects a record, for a log line: the reason, and for a feature's
+    problem the feature, what the schema expects and what came -- never a value of the record.
+
+    >>> from streamer.schema import Feature, Schema
+    >>> s = Schema((Feature("x", "float32", (8,)),))
+    >>> explain_reject(s, msgpack.packb({"x": np.zeros(16, np.float32).tobytes()}))
+    'shape: x expected [8] float32 (32 bytes as bin), got 64 bytes (bin)'
+    >>> explain_reject(s, msgpack.packb({"x": [float("nan")] * 8}))
+    'dtype: x holds NaN or Inf (allow_non_finite = true lets them in)'
+    """
+    block = decode_block(schema, [value])
+    if not block.rejected:
+        return "accepted"
+    reason = block.rejected[0][1]
+    raw = value if isinstance(value, bytes) else b""
+    if reason == "too_large":
+        if len(raw) > schema.max_record_bytes:
+            return (
+                f"too_large: {len(raw)} bytes, more than the schema's max_record_bytes "
+                f"({schema.max_record_bytes})"
+            )
+        return "too_large: a string, list or map longer than the schema's limits"
+    if reason in _RECORD_REASONS:
+        return f"{reason}: {_RECORD_REASONS[reason]}"
+    plan = _plan_for(schema)
+    try:
+        record = plan.unpack(raw)
+    except Exception:
+        return reason
+    if type(record) is not dict:
+        return reason
+    for fp in plan.features:
+        item = record.get(fp.name, MISSING)
+        try:
+            _convert(fp, item)
+        except Rejected as rejection:
+            return f"{rejection.reason}: {fp.name} expected {_expected(fp)}, got {_found(item)}"
+        if fp.finite_only and item is not MISSING and item is not None:
+            # The same value alone: rejected now only for NaN or Inf (checked per column).
+            alone = Schema((schema.feature(fp.name),))
+            if decode_block(alone, [msgpack.packb({fp.name: item})]).rejected:
+                return f"dtype: {fp.name} holds NaN or Inf (allow_non_finite = true lets them in)"
+    return reason
 
 
 def encode_record(schema: Schema, sample: Mapping[str, Any]) -> bytes:

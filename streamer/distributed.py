@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from consumers.errors import ConfigError, ModelDivergedError, PipelineError, StreamerError
+from streamer.breaker import capped
 from streamer.checkpoint import Checkpointer
 from streamer.columns import flat_outputs, to_batch
 from streamer.commits import AuditLog, CommitSchedule
@@ -56,7 +57,7 @@ from streamer.offsets import OffsetTracker
 from streamer.padding import END, Batch, PaddedBatcher
 from streamer.position import StreamPosition
 from streamer.ragged import Column, RaggedColumn
-from streamer.signals import SignalWatch, stop_on_signal
+from streamer.signals import SignalWatch, StopOnSignal
 from streamer.source import StreamSource
 from streamer.status import StatusLine
 
@@ -156,7 +157,13 @@ class DistributedWorker:
         self._stop_wanted = threading.Event()
         self._stop_reason: str | None = None
         self._finished = threading.Event()
-        self._signals = 0
+        self._signal_stop = StopOnSignal(
+            plan="every worker checkpoints at the next round, then exits",
+            stop=self.request_stop,
+            finished=self._finished,
+            timeout=config.shutdown_timeout,
+            log=log,
+        )
         self._reader: threading.Thread | None = None
         self._reader_stop = threading.Event()
         self.blocks: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_BLOCKS)
@@ -167,16 +174,7 @@ class DistributedWorker:
     # ---- signals ----------------------------------------------------------------------------
 
     def _on_signal(self, signum: int) -> None:
-        self._signals += 1
-        stop_on_signal(
-            signum,
-            self._signals,
-            plan="every worker checkpoints at the next round, then exits",
-            stop=self.request_stop,
-            finished=self._finished,
-            timeout=self.config.shutdown_timeout,
-            log=log,
-        )
+        self._signal_stop(signum)
 
     def request_stop(self, reason: str) -> None:
         """Ask the cluster to stop: this worker says so in its next round's control vector."""
@@ -308,7 +306,7 @@ class DistributedWorker:
         from streamer.deadletter import DeadLetterWriter
 
         consumer = cfg.consumer_settings()
-        ensure_topic(
+        sized = ensure_topic(
             consumer,
             cfg.dead_letter_topic,
             partitions=partitions,
@@ -327,6 +325,8 @@ class DistributedWorker:
             on_done=done,
             on_failure=lambda _exc: metrics.kafka_error("dead_letter"),
             security=consumer.security.kafka_config(),
+            max_message_bytes=sized.max_message_bytes,
+            max_record_bytes=sized.source_max_message_bytes,
         )
 
     def _throwaway_dir(self) -> str:
@@ -425,6 +425,8 @@ class DistributedWorker:
                 _describe(cfg),
             )
             reason = self._loop()
+            if self.source is not None and self.source.reject_limit is not None:
+                raise self.source.reject_limit
             log.info("stopped (%s) at step %d", reason, self.step)
             return cfg.peer_stop_exit_code if reason.startswith("another worker") else 0
         except PeerLostError as exc:
@@ -490,6 +492,8 @@ class DistributedWorker:
                 and self.checkpointer is not None
                 and now - self._last_checkpoint[1] >= cfg.checkpoint_every_seconds
             )
+            if self.source.reject_limit is not None and not self._stop_wanted.is_set():
+                self.request_stop("the reject breaker tripped")
             stop_here = self._stop_wanted.is_set()  # what this worker says, and why, once
             ctrl = self.steps.sync(
                 Control.local(
@@ -526,6 +530,8 @@ class DistributedWorker:
                 stopping_here=self._stop_reason if stop_here else None,
                 stop_after_idle=cfg.stop_after_idle,
             )
+            if decision.stop is not None and self.source.reject_limit is None:
+                self.source.settle_rejects()  # a clean stop: the rejects so far are judged
             if decision.checkpoint and self.checkpointer is not None:
                 self._checkpoint()
             elif self.checkpointer is None and (decision.stop or commits.due(self.step)):
@@ -589,11 +595,11 @@ class DistributedWorker:
         """Every worker at the same round: offsets all-reduced, the chief's checkpoint written
         (throwaway copies elsewhere), then each worker commits its own partitions."""
         assert self.checkpointer is not None and self.metrics is not None
-        mine = {
-            p: o
-            for p, o in self.position.current(self.tracker.commit_points()).items()
-            if p in self._mine
-        }
+        assert self.source is not None
+        current = capped(
+            self.position.current(self.tracker.commit_points()), self.source.commit_caps()
+        )
+        mine = {p: o for p, o in current.items() if p in self._mine}
         offsets = offsets_from_vector(self.steps.sync(offsets_vector(mine, self.num_partitions)))
         if self.audit is not None:
             self.audit.flush()
@@ -639,6 +645,7 @@ class DistributedWorker:
 
     def _commit(self, points: dict[int, int]) -> None:
         assert self.source is not None
+        points = capped(points, self.source.commit_caps())  # rejects not judged yet
         if self.audit is not None:
             self.audit.flush()
         self.source.commit(points)

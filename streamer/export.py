@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import time
@@ -52,8 +53,11 @@ __all__ = ["INFO_FILE", "Exporter", "read_info", "serving_inputs"]
 log = logging.getLogger(__name__)
 
 INFO_FILE = os.path.join("assets.extra", "streamer.json")
-_TMP_PREFIX = ".tmp-"
-_DEL_PREFIX = ".del-"
+_TMP_PREFIX = ".streamer-tmp-"
+_DEL_PREFIX = ".streamer-del-"
+#: What this exporter writes beside versions, and only that: ``.streamer-tmp-<v>-<hex8>``
+#: (a version being written) and ``.streamer-del-<v>-<hex8>`` (one being removed).
+_OURS = re.compile(r"^\.streamer-(tmp|del)-\d+-[0-9a-f]{8}$")
 
 
 def read_info(version_dir: str) -> dict[str, Any]:
@@ -137,18 +141,25 @@ class Exporter:
         self.keep = keep
         self.info = dict(info or {})
         os.makedirs(directory, exist_ok=True)
-        # Left over by a crash mid-export or mid-prune: never a version, safe to remove.
+        # Left over by a crash mid-export or mid-prune: never a version, safe to remove. Only
+        # our own names: the directory may hold other people's files.
         for name in os.listdir(directory):
-            if name.startswith((_TMP_PREFIX, _DEL_PREFIX)):
+            if _OURS.match(name):
                 shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
 
     def versions(self) -> list[int]:
-        """The complete versions present, oldest first."""
+        """The complete versions this exporter wrote, oldest first: numbered directories with
+        its ``assets.extra/streamer.json`` (a ``2019/`` of someone else's is never one, so
+        never pruned)."""
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
             return []
-        return sorted(int(n) for n in names if n.isdigit())
+        return sorted(
+            int(n)
+            for n in names
+            if n.isdigit() and os.path.isfile(os.path.join(self.directory, n, INFO_FILE))
+        )
 
     def latest(self) -> str | None:
         versions = self.versions()
@@ -182,6 +193,8 @@ class Exporter:
         check_finite_weights(model.variables, what="export", step=step)
         existing = self.versions()
         version = max(int(step), existing[-1] + 1 if existing else 1)
+        while os.path.exists(os.path.join(self.directory, str(version))):
+            version += 1  # a numbered directory that is not ours stays as it is
         tmp = os.path.join(self.directory, f"{_TMP_PREFIX}{version}-{secrets.token_hex(4)}")
         final = os.path.join(self.directory, str(version))
         t0 = time.monotonic()

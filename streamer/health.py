@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import socket
@@ -122,8 +123,48 @@ class Health:
             return self._ready, self._ready_reason
 
 
+#: Connections served at once; one more is answered 503 at once and closed (3,000 idle
+#: connections once held 660 threads).
+MAX_CONNECTIONS = 32
+_REFUSED = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\n"
+    b"Connection: close\r\nContent-Length: 21\r\n\r\ntoo many connections\n"
+)
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+
+    def server_bind(self) -> None:
+        super().server_bind()
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._refused_logged = 0.0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            now = time.monotonic()
+            if now - self._refused_logged >= 10.0:  # once per 10 s, not once per connection
+                self._refused_logged = now
+                _log.warning(
+                    "metrics server: %d connections already open; refusing more (503)",
+                    self.max_connections,
+                )
+            with contextlib.suppress(OSError):  # the client may be gone already
+                request.sendall(_REFUSED)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A scraper that hangs up mid-response is not worth a traceback on stderr.
@@ -136,7 +177,7 @@ class _Server6(_Server):
 
 def _make_handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        timeout = 30  # a stuck client must not hold a thread forever
+        timeout = 10  # a stuck client must not hold a thread (one of MAX_CONNECTIONS) for long
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

@@ -1,7 +1,9 @@
 """``streamer launch``: N workers of one model on this host, for demos and tests.
 
 Picks free ports, gives each ``streamer run`` process its TF_CONFIG, prefixes each worker's
-log lines with ``[wN]``, forwards SIGTERM/SIGINT to every worker, and exits non-zero if any
+log lines with ``[wN]``, forwards SIGTERM/SIGINT to every worker once (a duplicate within
+``GRACE_S`` -- a terminal's Ctrl-C reaches the workers directly too -- is the same stop; a
+signal after that is forwarded again, and the workers exit at once), and exits non-zero if any
 worker did (the others of a cluster that lost a worker exit by themselves within seconds;
 any left after ``grace`` seconds are killed).
 """
@@ -21,6 +23,7 @@ from typing import IO
 
 from consumers.errors import ConfigError
 from streamer.multiworker import tf_config
+from streamer.signals import GRACE_S
 
 __all__ = ["launch", "worker_argv"]
 
@@ -107,13 +110,16 @@ def launch(
         pump.start()
         pumps.append(pump)
     out.write(f"launched {workers} workers: {', '.join(hosts)} (pids {[p.pid for p in procs]})\n")
-    signals = [0]
+    first: list[float] = []
 
     def forward(signum: int, _frame: object) -> None:
-        signals[0] += 1
+        now = time.monotonic()
+        if first and now - first[0] <= GRACE_S:
+            return  # the same stop: the workers have it (and, from a terminal, saw it too)
+        first[:] = [now]
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGKILL if signals[0] > 1 else signum)
+                p.send_signal(signum)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

@@ -208,6 +208,13 @@ class Options:
         "model factory package.module:function (gets the schema); unset = the built-in MLP",
         group="training",
     )
+    max_reject_fraction: float = option(
+        0.5,
+        "stop (exit 4) without committing past them when more than this share of the last "
+        "1,000 records (20 at least) was rejected by the decoder: a wrong schema or a bad "
+        "producer deploy, not a stray bad record; 1 turns the breaker off",
+        group="training",
+    )
     sample_weight: str | None = option(
         None,
         "the schema feature (a numeric scalar) given to Keras as sample_weight, never to the "

@@ -36,8 +36,14 @@ class Rejects:
         *,
         log_per_second: float = 20.0,
         clock: Callable[[], float] = time.monotonic,
+        explain: Callable[[bytes | None], str] | None = None,
     ) -> None:
         self.topic = topic
+        #: Why a record was refused, in words (``decode.explain_reject``); only for the
+        #: records that are logged (rate-limited): it decodes the record again.
+        self.explain = explain
+        #: The last explanation logged, for the reject breaker's message.
+        self.example = ""
         self.tracker = tracker
         self.dead_letter = dead_letter
         self.log_per_second = log_per_second
@@ -53,18 +59,27 @@ class Rejects:
         partition: np.ndarray,
         offset: np.ndarray,
         rejected: list[tuple[int, str]],
+        *,
+        hold: bool = False,
     ) -> None:
-        """``rejected``: (row in the block, reason) of each refused record."""
+        """``rejected``: (row in the block, reason) of each refused record. ``hold``: the
+        reject breaker tripped: log them, but neither dead-letter them nor mark them done (a
+        fixed restart decodes them again)."""
         with self._lock:
             self.count += len(rejected)
         for row, reason in rejected:
             p, o = int(partition[row]), int(offset[row])
             if self._may_log():
+                why = reason
+                if self.explain is not None:
+                    why = self.example = self.explain(values[row])
                 # Never the payload: only where it came from and why.
-                log.warning("rejected record %s/%d@%d: %s", self.topic, p, o, reason)
-            if self.dead_letter is not None:
+                log.warning("rejected record %s/%d@%d: %s", self.topic, p, o, why)
+            if self.dead_letter is not None and not hold:
                 value = values[row]
                 self.dead_letter.send(value if value is not None else b"", self.topic, p, o, reason)
+        if hold:
+            return
         if self.dead_letter is None:
             rows = np.fromiter((r for r, _ in rejected), dtype=np.int64, count=len(rejected))
             self.tracker.ack(partition[rows], offset[rows])

@@ -30,6 +30,7 @@ class PipelineSettings:
     start_from: str | int = "committed"
     stop_at: str | int | None = None  # replay: stop before the first record at/after this time
     log_rejects_per_second: float = 20.0
+    max_reject_fraction: float = 0.5  # streamer.breaker; 1.0 turns the breaker off
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_shards <= 256:
@@ -43,6 +44,12 @@ class PipelineSettings:
         if self.shuffle_buffer < 0:
             raise ConfigError(
                 "shuffle_buffer", self.shuffle_buffer, "0 (off) or a number of records"
+            )
+        if not 0.0 < self.max_reject_fraction <= 1.0:
+            raise ConfigError(
+                "max_reject_fraction",
+                self.max_reject_fraction,
+                "a share of records in (0, 1]; 1 turns the reject breaker off",
             )
         if self.idle_timeout_seconds <= 0:
             raise ConfigError(

@@ -7,39 +7,76 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["SignalWatch", "stop_on_signal"]
+__all__ = ["GRACE_S", "SignalWatch", "StopOnSignal"]
 
 
-def stop_on_signal(
-    signum: int,
-    count: int,
-    *,
-    plan: str,
-    stop: Callable[[str], None],
-    finished: threading.Event,
-    timeout: float,
-    log: logging.Logger,
-) -> None:
-    """The worker's answer to its ``count``-th SIGTERM/SIGINT: the first asks for a clean stop
-    (``plan`` says what happens next) and arms a watchdog that exits if ``finished`` is not
-    set within ``timeout`` seconds; a second exits at once."""
-    name = signal.Signals(signum).name
-    if count > 1:
-        log.error("second %s: exiting at once", name)
-        os._exit(128 + signum)
-    log.info("%s: %s", name, plan)
-    stop(f"signal {name}")
+#: A second SIGTERM/SIGINT within this many seconds of the first is the same stop: a
+#: terminal's Ctrl-C reaches every process of the group, and ``streamer launch`` forwards it
+#: too, so one key press arrives two or three times within milliseconds.
+GRACE_S = 2.0
 
-    def watchdog() -> None:
-        if finished.wait(timeout):
-            return  # stopped cleanly in time: never kill a process that embeds run()
-        log.error("clean shutdown did not finish within --shutdown-timeout %.0fs; exiting", timeout)
-        os._exit(1)
 
-    threading.Thread(target=watchdog, name="streamer-shutdown-watchdog", daemon=True).start()
+class StopOnSignal:
+    """The worker's answer to SIGTERM/SIGINT: the first asks for a clean stop (``plan`` says
+    what happens next) and arms a watchdog that exits if ``finished`` is not set within
+    ``timeout`` seconds; a duplicate within ``grace`` seconds is the same stop; a signal after
+    that exits at once (exit 128 + the signal's number).
+
+    >>> stops = []
+    >>> answer = StopOnSignal(plan="p", stop=stops.append, finished=threading.Event(),
+    ...                       timeout=30, log=logging.getLogger("x"))
+    >>> answer(signal.SIGINT); answer(signal.SIGINT)        # one Ctrl-C, seen twice
+    >>> stops
+    ['signal SIGINT']
+    """
+
+    def __init__(
+        self,
+        *,
+        plan: str,
+        stop: Callable[[str], None],
+        finished: threading.Event,
+        timeout: float,
+        log: logging.Logger,
+        grace: float = GRACE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.plan = plan
+        self.stop = stop
+        self.finished = finished
+        self.timeout = timeout
+        self.log = log
+        self.grace = grace
+        self.clock = clock
+        self.first_at: float | None = None
+
+    def __call__(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        now = self.clock()
+        if self.first_at is not None:
+            if now - self.first_at <= self.grace:
+                self.log.info("%s again: already stopping (the same stop)", name)
+                return
+            self.log.error("%s again after %.0fs: exiting at once", name, now - self.first_at)
+            os._exit(128 + signum)
+        self.first_at = now
+        self.log.info("%s: %s", name, self.plan)
+        self.stop(f"signal {name}")
+        timeout, finished, log = self.timeout, self.finished, self.log
+
+        def watchdog() -> None:
+            if finished.wait(timeout):
+                return  # stopped cleanly in time: never kill a process that embeds run()
+            log.error(
+                "clean shutdown did not finish within --shutdown-timeout %.0fs; exiting", timeout
+            )
+            os._exit(1)
+
+        threading.Thread(target=watchdog, name="streamer-shutdown-watchdog", daemon=True).start()
 
 
 class SignalWatch:

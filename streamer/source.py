@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
@@ -15,10 +16,11 @@ import tensorflow as tf
 
 from consumers import JoinBarrier, ShardHooks, ShardLike, open_shard
 from consumers.block import RecordBlock
-from consumers.errors import ConfigError, PipelineError, StreamerError
+from consumers.errors import ConfigError, PipelineError, RejectLimitError, StreamerError
 from consumers.settings import ConsumerSettings
+from streamer.breaker import RejectBreaker
 from streamer.columns import METADATA_COLUMNS, flat_outputs, output_types, to_batch
-from streamer.decode import decode_block
+from streamer.decode import decode_block, explain_reject
 from streamer.gctune import release_free_memory
 from streamer.offsets import OffsetTracker
 from streamer.passes import PassRules
@@ -142,7 +144,12 @@ class StreamSource:
             self.tracker,
             dead_letter,
             log_per_second=self.settings.log_rejects_per_second,
+            explain=functools.partial(explain_reject, schema),
         )
+        #: Trips when too many of the latest records are rejected (streamer.breaker).
+        self.breaker = RejectBreaker(self.settings.max_reject_fraction)
+        #: Set when the breaker tripped: what the worker stops with.
+        self.reject_limit: RejectLimitError | None = None
         self._stop = threading.Event()
         self._opened_in_pass = self.settings.num_shards  # the first shard opened starts a pass
         self._stash: dict[int, RecordBlock] = {}
@@ -379,14 +386,36 @@ class StreamSource:
         )
         decoded = decode_block(self.schema, values)
         kept = decoded.kept
+        refused = [(int(partition[i]), int(offset[i]), r) for i, r in decoded.rejected]
+        if self.breaker.observe(len(values), refused):
+            self._trip()
         if decoded.rejected:
-            self.rejects.handle(values, partition, offset, decoded.rejected)
+            hold = self.breaker.tripped
+            self.rejects.handle(values, partition, offset, decoded.rejected, hold=hold)
         if self.metrics is not None:
             self.metrics.observe_decode(len(kept), decoded.reason_counts())
         out = [decoded.features[name] for name in self._names]
         if len(kept) == len(values):
             return [*out, partition, offset, ts]
         return [*out, partition[kept], offset[kept], ts[kept]]
+
+    def _trip(self) -> None:
+        """The reject breaker tripped: the pass stops; the worker ends with RejectLimitError."""
+        summary = self.breaker.summary()
+        if not self.rejects.example:  # none logged yet (rate limit): explain one now
+            self.rejects.example = "see the rejected record lines"
+        self.reject_limit = RejectLimitError(summary, self.rejects.example, self.breaker.caps())
+        log.error("reject breaker tripped: %s; stopping", summary)
+        self.stop()
+
+    def commit_caps(self) -> dict[int, int]:
+        """Per partition, the offset commits must stay below (rejects not judged yet)."""
+        return self.breaker.caps()
+
+    def settle_rejects(self) -> None:
+        """A pass ended with the breaker closed: the rejects so far are judged; commits may
+        pass them."""
+        self.breaker.settle()
 
     # ---- commits and lifecycle -------------------------------------------------------------
 

@@ -16,6 +16,7 @@ import tensorflow as tf
 
 from consumers import ShardHooks, ShardLike
 from consumers.errors import ConfigError, ModelDivergedError, StreamerError
+from streamer.breaker import capped
 from streamer.checkpoint import Checkpointer
 from streamer.commits import AuditLog, CommitSchedule
 from streamer.config import WorkerConfig, resolve_shard_runtime
@@ -31,7 +32,7 @@ from streamer.position import StreamPosition
 from streamer.probe import BrokerProbe
 from streamer.replay import write_marker
 from streamer.schema import Schema
-from streamer.signals import SignalWatch, stop_on_signal
+from streamer.signals import SignalWatch, StopOnSignal
 from streamer.simulator import RandomRecords, SimulatedShard, Task, task_named
 from streamer.source import METADATA_COLUMNS, StreamSource
 from streamer.status import StatusLine
@@ -61,7 +62,13 @@ class Worker:
         self._stopping = threading.Event()
         self._finished = threading.Event()
         self._stop_reason = ""
-        self._signals = 0
+        self._signal_stop = StopOnSignal(
+            plan="finishing the current step, then checkpoint, commit and exit",
+            stop=self.request_stop,
+            finished=self._finished,
+            timeout=config.shutdown_timeout,
+            log=log,
+        )
         self._last_data = time.monotonic()
         self.metrics: Metrics | None = None
         self.health = Health(config.stall_timeout)
@@ -78,16 +85,7 @@ class Worker:
     # ---- signals ----------------------------------------------------------------------------
 
     def _on_signal(self, signum: int) -> None:
-        self._signals += 1
-        stop_on_signal(
-            signum,
-            self._signals,
-            plan="finishing the current step, then checkpoint, commit and exit",
-            stop=self.request_stop,
-            finished=self._finished,
-            timeout=self.config.shutdown_timeout,
-            log=log,
-        )
+        self._signal_stop(signum)
 
     def request_stop(self, reason: str) -> None:
         if not self._stopping.is_set():
@@ -211,7 +209,7 @@ class Worker:
                 from consumers.admin import ensure_topic
                 from streamer.deadletter import DeadLetterWriter
 
-                ensure_topic(
+                sized = ensure_topic(
                     consumer,
                     cfg.dead_letter_topic,
                     partitions=len(partitions),
@@ -230,6 +228,8 @@ class Worker:
                     on_done=done,
                     on_failure=lambda _exc: metrics.kafka_error("dead_letter"),
                     security=consumer.security.kafka_config(),
+                    max_message_bytes=sized.max_message_bytes,
+                    max_record_bytes=sized.source_max_message_bytes,
                 )
             self.source = StreamSource(
                 self.schema,
@@ -344,6 +344,8 @@ class Worker:
             )
             while not self._stopping.is_set():
                 exhausted = self._run_pass()
+                if self.source.reject_limit is not None:
+                    raise self.source.reject_limit  # after a commit that stays below them
                 if exhausted and self.source.finished:
                     self.request_stop("the replay range is trained")
                 if cfg.stop_after_idle is not None and (
@@ -578,6 +580,7 @@ class Worker:
             self._commit(self.tracker.commit_points())
 
     def _commit(self, points: dict[int, int]) -> None:
+        points = capped(points, self.source.commit_caps())  # rejects not judged yet
         if self.audit is not None:
             self.audit.flush()  # the audit log is never behind a commit
         if self.config.commits:  # a replay without --replay-group commits to no group
@@ -589,7 +592,9 @@ class Worker:
 
     def _checkpoint_and_commit(self) -> None:
         assert self.checkpointer is not None and self.metrics is not None
-        positions = self.position.current(self.tracker.commit_points())
+        positions = capped(
+            self.position.current(self.tracker.commit_points()), self.source.commit_caps()
+        )
         if self.audit is not None:
             self.audit.flush()
         try:
@@ -619,6 +624,8 @@ class Worker:
                     self._commit(self.tracker.commit_points())
                 return
             self._publish_train_metrics(force=True)
+            if self.source.reject_limit is None:
+                self.source.settle_rejects()  # the pass's rejects are judged: commit past them
             last = self._checkpoints.last_step
             if self.checkpointer is not None and (self._stopping.is_set() or self.step != last):
                 if self.step != last or not self.checkpointer.latest:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import msgpack
@@ -1058,3 +1059,33 @@ def test_flat_lists_of_every_numeric_dtype_keep_the_dtype_rules(dtype: str) -> N
     got = _ragged(block, "v")
     np.testing.assert_array_equal(np.array(got[0], dtype=dt), np.array(edges[:2], dtype=dt))
     np.testing.assert_array_equal(np.array(got[2], dtype=dt), np.array(edges[2:][:4], dtype=dt))
+
+
+def test_explain_reject_names_the_feature_expected_and_found() -> None:
+    from streamer.decode import explain_reject
+
+    schema = Schema(
+        (
+            Feature("x", "float32", (8,)),
+            Feature("ids", "int64", (-1,), max_len=3),
+            Feature("y", "float32"),
+        )
+    )
+    ok = {"x": np.zeros(8, np.float32).tobytes(), "ids": [1], "y": 1.0}
+    cases = {
+        "shape: x expected [8] float32 (32 bytes as bin), got 64 bytes (bin)": {
+            **ok,
+            "x": np.zeros(16, np.float32).tobytes(),
+        },
+        "schema: y expected [] float32, got nothing (the field is missing and has no default)": {
+            k: v for k, v in ok.items() if k != "y"
+        },
+        "shape: ids expected [0..3] int64, got a list of shape [5]": {**ok, "ids": [1] * 5},
+        "schema: y expected [] float32, got a string": {**ok, "y": "one"},
+        "dtype: y holds NaN or Inf (allow_non_finite = true lets them in)": {**ok, "y": math.inf},
+    }
+    for expected, record in cases.items():
+        assert explain_reject(schema, _pack(record)) == expected
+    assert explain_reject(schema, b"\xc1").startswith("format: ")
+    assert explain_reject(schema, None).startswith("truncated: ")
+    assert explain_reject(schema, _pack(ok)) == "accepted"

@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -260,3 +261,31 @@ def test_close_without_start_releases_the_port(metrics: Metrics, health: Health)
     srv.close()
     again = MetricsServer(metrics.registry, health, port=port)
     again.close()
+
+
+def test_connections_are_capped_and_the_one_too_many_is_told_so(
+    server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Idle connections hold at most MAX_CONNECTIONS threads; one more gets a 503 at once."""
+    from streamer.health import MAX_CONNECTIONS
+
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_CONNECTIONS)]
+    try:
+        deadline = time.monotonic() + 10
+        while threading.active_count() < before + MAX_CONNECTIONS and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with caplog.at_level("WARNING", logger="streamer.health"):
+            status, _, body = get(server, "/metrics")
+        assert status == 503 and b"too many connections" in body
+        assert "refusing more" in caplog.text
+        assert threading.active_count() <= before + MAX_CONNECTIONS
+    finally:
+        for conn in idle:
+            conn.close()
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        if get(server, "/metrics")[0] == 200:
+            break
+        time.sleep(0.2)
+    assert get(server, "/metrics")[0] == 200

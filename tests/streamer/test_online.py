@@ -174,7 +174,7 @@ def test_exporter_versions_increase_across_restarts_prune_and_load(tmp_path: Pat
     first = exporter.export(bundle.model, 50, {0: 10, 1: 12}, "samples")
     assert os.path.basename(first) == "50"
     # A crash mid-export leaves a temporary directory: never a version, cleaned up at start.
-    stale = export_dir / ".tmp-77-deadbeef"
+    stale = export_dir / ".streamer-tmp-77-deadbeef"
     (stale / "variables").mkdir(parents=True)
     # A restart without a checkpoint counts steps from 0 again: versions still increase.
     restarted = Exporter(str(export_dir), keep=2)
@@ -191,6 +191,25 @@ def test_exporter_versions_increase_across_restarts_prune_and_load(tmp_path: Pat
     pred = serve(third)
     expected = bundle.model({"x": SimulatorTask().sample(8, np.random.default_rng(7))["x"]})
     np.testing.assert_allclose(pred, np.asarray(expected), rtol=1e-5, atol=1e-6)
+
+
+def test_exporter_prunes_only_versions_it_wrote(tmp_path: Path) -> None:
+    """Someone else's numbered directory or dot-folder in --export-dir is never touched."""
+    export_dir = tmp_path / "models"
+    (export_dir / "2019").mkdir(parents=True)
+    (export_dir / "2019" / "report.txt").write_text("mine", encoding="utf-8")
+    (export_dir / ".tmp-notes").mkdir()
+    (export_dir / ".tmp-notes" / "todo").write_text("mine too", encoding="utf-8")
+    bundle = load_model(None, SimulatorTask().schema())
+    exporter = Exporter(str(export_dir), keep=1)
+    paths = [exporter.export(bundle.model, step, {0: step}, "samples") for step in (5, 2019, 7)]
+    assert (export_dir / "2019" / "report.txt").read_text(encoding="utf-8") == "mine"
+    assert (export_dir / ".tmp-notes" / "todo").exists()
+    assert os.path.basename(paths[1]) == "2020"  # 2019 is taken by someone else
+    assert exporter.versions() == [int(os.path.basename(paths[2]))]
+    assert sorted(os.listdir(export_dir)) == sorted(
+        [".tmp-notes", "2019", os.path.basename(paths[2])]
+    )
 
 
 # ---- 2. export while training, against the broker ---------------------------------------------
@@ -228,7 +247,7 @@ def test_export_publishes_complete_increasing_versions_while_training(
                 continue
         else:
             raise AssertionError("could not load any exported version")
-        assert pred.shape == (8,) and np.isfinite(pred).all(), pred
+        assert pred.shape == (8, 1) and np.isfinite(pred).all(), pred
         served_while_training = worker.alive()
         assert worker.wait(START_S) == 0, worker.tail()
     finally:
@@ -256,7 +275,7 @@ def test_export_publishes_complete_increasing_versions_while_training(
     assert infos[-1]["offsets"] == ends, (infos[-1], ends)
     for v in versions:
         out = serve(str(export_dir / str(v)))
-        assert out.shape == (8,) and np.isfinite(out).all()
+        assert out.shape == (8, 1) and np.isfinite(out).all()
     times = [float(t) for _, t in _EXPORTED.findall(log)]
     assert len(times) == len(seen), (times, seen)
     print(
