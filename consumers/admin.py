@@ -28,6 +28,7 @@ from consumers.errors import (
 from consumers.settings import ConsumerSettings, SecuritySettings
 
 __all__ = [
+    "EnsuredTopic",
     "GroupActivity",
     "PartitionLag",
     "ensure_topic",
@@ -126,6 +127,25 @@ def wait_for_topic(
         backoff = min(backoff * 2, max_backoff_s)
 
 
+#: The topic config that bounds a record batch's size on the broker.
+MAX_MESSAGE_BYTES = "max.message.bytes"
+
+
+@dataclass(frozen=True, slots=True)
+class EnsuredTopic:
+    """What :func:`ensure_topic` found or made.
+
+    ``max_message_bytes``: the topic's ``max.message.bytes`` (its own or the broker's default);
+    ``source_max_message_bytes``: that of the topic it is sized for. None where the broker did
+    not say (no DESCRIBE_CONFIGS permission, a broker error).
+    """
+
+    topic: str
+    created: bool
+    max_message_bytes: int | None
+    source_max_message_bytes: int | None
+
+
 def ensure_topic(
     settings: ConsumerSettings,
     topic: str,
@@ -134,13 +154,21 @@ def ensure_topic(
     replication_factor: int | None = None,
     setting: str = "dead_letter_topic",
     timeout_ms: int = 10_000,
-) -> bool:
+) -> EnsuredTopic:
     """Create ``topic`` unless it exists (as Kafka Connect does for its dead-letter queue).
 
+    The topic takes the records of the source topic ``settings.topic``: it is created with a
+    ``max.message.bytes`` of the source's (read with ``describe_configs``), so a rejected record
+    of any size the source allows fits whole. Without it, the broker's default (1 MB) would
+    refuse the letter of every larger record. An existing topic is never changed; one that
+    allows less than the source is logged once, at WARNING, with the command that raises it
+    (the worker then writes such records as header-only letters). Sizes the broker does not
+    describe are logged and left to the broker's default.
+
     ``replication_factor`` None takes the broker's default (``default.replication.factor``).
-    Returns True when this call created it. A broker that refuses (no CREATE permission, a
-    policy, a replication factor above the broker count) raises ``TopicCreateError`` naming
-    ``setting`` and the topic: a deployment problem, found at start-up.
+    A broker that refuses (no CREATE permission, a policy, a replication factor above the
+    broker count) raises ``TopicCreateError`` naming ``setting`` and the topic: a deployment
+    problem, found at start-up.
     """
     from kafka.admin import KafkaAdminClient
 
@@ -153,24 +181,85 @@ def ensure_topic(
         request_timeout_ms=timeout_ms,
     )
     try:
-        if topic in set(admin.list_topics()):
-            return False
-        spec = {"num_partitions": partitions, "replication_factor": replication_factor or -1}
-        try:
-            admin.create_topics({topic: spec}, timeout_ms=timeout_ms, wait_for_metadata=True)
-        except kerrors.TopicAlreadyExistsError:
-            return False  # another worker created it first
-        except kerrors.BrokerResponseError as exc:
-            raise TopicCreateError(setting, topic, partitions, type(exc).__name__) from exc
+        source_max = _max_message_bytes(admin, [settings.topic]).get(settings.topic)
+        created = topic not in set(admin.list_topics())
+        if created:
+            spec: dict[str, Any] = {
+                "num_partitions": partitions,
+                "replication_factor": replication_factor or -1,
+            }
+            if source_max is not None:
+                spec["configs"] = {MAX_MESSAGE_BYTES: str(source_max)}
+            try:
+                admin.create_topics({topic: spec}, timeout_ms=timeout_ms, wait_for_metadata=True)
+            except kerrors.TopicAlreadyExistsError:
+                created = False  # another worker created it first
+            except kerrors.BrokerResponseError as exc:
+                raise TopicCreateError(setting, topic, partitions, type(exc).__name__) from exc
+        own_max = _max_message_bytes(admin, [topic]).get(topic)
     finally:
         admin.close()
-    log.info(
-        "created topic %r (%d partitions, replication factor %s)",
-        topic,
-        partitions,
-        replication_factor or "the broker's default",
-    )
-    return True
+    if created:
+        log.info(
+            "created topic %r (%d partitions, replication factor %s, max.message.bytes %s)",
+            topic,
+            partitions,
+            replication_factor or "the broker's default",
+            own_max if own_max is not None else "the broker's default",
+        )
+    if source_max is None or own_max is None:
+        log.warning(
+            "could not read max.message.bytes of %r (%s) and %r (%s): %r keeps the broker's "
+            "default, and a rejected record larger than it allows is written to it as a "
+            "header-only letter. Allow the worker's principal DESCRIBE_CONFIGS on both topics "
+            "to size it at start-up",
+            settings.topic,
+            source_max if source_max is not None else "unknown",
+            topic,
+            own_max if own_max is not None else "unknown",
+            topic,
+        )
+    elif own_max < source_max:
+        log.warning(
+            "%s %r allows records of up to %d bytes (max.message.bytes), less than the %d "
+            "bytes of source topic %r: a larger rejected record is written to it as a "
+            "header-only letter (no value, its size and the produce error in headers). To keep "
+            "them whole, raise it: kafka-configs.sh --bootstrap-server %s --alter "
+            "--entity-type topics --entity-name %s --add-config %s=%d",
+            setting,
+            topic,
+            own_max,
+            source_max,
+            settings.topic,
+            settings.bootstrap_servers,
+            topic,
+            MAX_MESSAGE_BYTES,
+            source_max,
+        )
+    return EnsuredTopic(topic, created, own_max, source_max)
+
+
+def _max_message_bytes(admin: Any, topics: list[str]) -> dict[str, int]:
+    """Each topic's ``max.message.bytes``, as the broker applies it (its own or the default).
+
+    A topic the broker did not describe (missing, no DESCRIBE_CONFIGS permission: kafka-python
+    leaves it empty) or a failed request leaves it out: sizing is best effort and never fails
+    a start-up.
+    """
+    from kafka.admin import ConfigResource, ConfigResourceType
+
+    resources = [ConfigResource(ConfigResourceType.TOPIC, t, [MAX_MESSAGE_BYTES]) for t in topics]
+    try:
+        described = admin.describe_configs(resources, config_filter="all")
+    except kerrors.KafkaError as exc:
+        log.debug("describe_configs of %s failed: %r", topics, exc)
+        return {}
+    out: dict[str, int] = {}
+    for t, configs in (described.get("topic") or {}).items():
+        value = (configs.get(MAX_MESSAGE_BYTES) or {}).get("value")
+        if isinstance(value, str) and value.isdigit():
+            out[t] = int(value)
+    return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -126,8 +126,9 @@ class DeadLetterWriter:
     is called): it is in no dead-letter topic, but the partition never freezes.
 
     ``max_message_bytes`` is the dead-letter topic's ``max.message.bytes`` (None: unknown):
-    the producer's ``max_request_size`` is sized to it, so a letter the topic can take is sent
-    and one it cannot is refused by the producer before it crosses the network.
+    the producer's ``max_request_size`` is sized to it (plus headroom, at least 1 MiB), so a
+    letter the topic can take is sent, and one well beyond it is refused by the producer
+    before it crosses the network (the broker refuses those just beyond it).
     ``max_record_bytes``, the largest record the source topic holds (its
     ``max.message.bytes``), sizes the backlog to hold two such records.
 
@@ -185,6 +186,10 @@ class DeadLetterWriter:
             bootstrap_servers=bootstrap_servers,
             client_id="streamer-dead-letter",
             acks="all",
+            # Not idempotent: kafka-python 3.0.12's idempotent producer turns any
+            # non-retriable batch error (a letter too large for the topic) into a fatal state
+            # that fails every later write. Dead letters are at least once anyway.
+            enable_idempotence=False,
             retries=5,
             linger_ms=20,
             max_block_ms=max_block_ms,

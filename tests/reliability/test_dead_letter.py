@@ -5,6 +5,11 @@ While the dead-letter topic is gone, writes of rejected records fail (the broker
 topic and does not create topics): the failures are counted, good records keep training, and
 the commit point of a partition stays below its first rejected record that is not written.
 Once the topic exists again, the waiting records are written and commits reach the end.
+
+A dead letter always advances: the dead-letter topic is created as large as the source topic
+(max.message.bytes), so a large rejected record fits whole; a letter the topic refuses for good
+(an older, smaller dead-letter topic) is written without its value, and one refused even so
+counts as done: the source partition's commit point never freezes behind a rejected record.
 """
 
 from __future__ import annotations
@@ -14,38 +19,114 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import kafka.errors as kerrors
 import pytest
-from kafka import KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.admin import ConfigResource, ConfigResourceType
 
+from streamer.deadletter import (
+    HEADER_ERROR,
+    HEADER_OFFSET,
+    HEADER_ORIGINAL_SIZE,
+    HEADER_PARTITION,
+    HEADER_REASON,
+    HEADER_TOPIC,
+    DeadLetterBacklogFull,
+    DeadLetterWriter,
+    is_permanent,
+)
 from streamer.simulator import SimulatorTask
 from tests.reliability.relutil import http_get, metrics_base, run_cli, start_worker, wait_until
 from tests.workerutil import (
     committed_offsets,
+    end_offsets,
     free_port,
     parse_metrics,
     read_audit,
     worker_args,
 )
 
-pytestmark = [pytest.mark.kafka, pytest.mark.slow]
+MiB = 1024 * 1024
+
+
+def _broker(test: Any) -> Any:
+    """The marks of a test that runs against the real broker (the unit tests here do not)."""
+    return pytest.mark.kafka(pytest.mark.slow(test))
+
 
 BAD = b"\xc1"  # never valid msgpack: reason "format"
 
 
-def _produce(bootstrap: str, topic: str, partition: int, plan: list[bool]) -> list[int]:
-    """Good (True) and bad (False) records to one partition; returns their offsets."""
+def _produce(
+    bootstrap: str, topic: str, partition: int, plan: list[bool], bad: bytes = BAD
+) -> list[int]:
+    """Good (True) and bad (False: ``bad``) records to one partition; returns their offsets."""
     import numpy as np
 
     values = iter(SimulatorTask().records(len(plan), np.random.default_rng(len(plan))))
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", max_request_size=len(bad) + MiB
+    )
     try:
         futures = [
-            producer.send(topic, value=next(values) if good else BAD, partition=partition)
+            producer.send(topic, value=next(values) if good else bad, partition=partition)
             for good in plan
         ]
         return [int(f.get(timeout=60).offset) for f in futures]
     finally:
         producer.close(timeout=30)
+
+
+def _letters(bootstrap: str, topic: str, want: int) -> list[tuple[bytes, dict[str, str]]]:
+    """The first ``want`` records of ``topic`` (value, headers), or fewer after 30 s."""
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=30_000,
+        max_partition_fetch_bytes=64 * MiB,
+        fetch_max_bytes=64 * MiB,
+    )
+    out: list[tuple[bytes, dict[str, str]]] = []
+    try:
+        for rec in consumer:
+            out.append((rec.value or b"", {k: v.decode() for k, v in rec.headers}))
+            if len(out) >= want:
+                break
+    finally:
+        consumer.close()
+    return out
+
+
+def _max_message_bytes(admin: Any, topic: str) -> int:
+    resource = ConfigResource(ConfigResourceType.TOPIC, topic, ["max.message.bytes"])
+    described = admin.describe_configs([resource], config_filter="all")
+    return int(described["topic"][topic]["max.message.bytes"]["value"])
+
+
+def _run_to_idle_stop(
+    bootstrap: str, topic: str, group: str, dead: str, tmp_path: Path
+) -> tuple[int, str, Path]:
+    """One worker over ``topic`` with ``dead`` as its dead-letter topic, until it stops idle:
+    (exit code, log, audit log)."""
+    audit = tmp_path / "audit.csv"
+    args = worker_args(
+        bootstrap,
+        topic,
+        group,
+        audit,
+        shards=1,
+        batch_size=16,
+        stop_after_idle=8,
+        extra=["--dead-letter-topic", dead],
+    )
+    worker = start_worker(args, tmp_path / "worker.log")
+    try:
+        code = worker.wait(240)
+    finally:
+        worker.kill()
+    return code, worker.log(), audit
 
 
 def _sample(base: str, name: str, **labels: str) -> float:
@@ -58,6 +139,7 @@ def _sample(base: str, name: str, **labels: str) -> float:
     )
 
 
+@_broker
 @pytest.mark.timeout(300)
 def test_a_missing_dead_letter_topic_fails_writes_without_stopping_training(
     kafka_bootstrap: str, kafka_admin: Any, make_topic: Any, tmp_path: Path, group_id: str
@@ -131,6 +213,7 @@ def test_a_missing_dead_letter_topic_fails_writes_without_stopping_training(
     assert "dead-letter write to" in worker.log()
 
 
+@_broker
 def test_a_dead_letter_topic_the_broker_refuses_to_create_fails_start_up_with_exit_2(
     kafka_bootstrap: str, make_topic: Any, group_id: str, tmp_path: Path
 ) -> None:
@@ -150,3 +233,193 @@ def test_a_dead_letter_topic_the_broker_refuses_to_create_fails_start_up_with_ex
     line = next(ln for ln in proc.stderr.splitlines() if dead in ln and "ERROR" in ln)
     assert "InvalidReplicationFactorError" in line
     assert "3 partitions" in line and "Create it" in line
+
+
+# ---- a dead letter always advances ---------------------------------------------------------
+
+
+@_broker
+@pytest.mark.timeout(420)
+def test_a_large_rejected_record_is_dead_lettered_whole_and_the_partition_moves_on(
+    kafka_bootstrap: str, kafka_admin: Any, make_topic: Any, tmp_path: Path, group_id: str
+) -> None:
+    """The source allows 30 MiB: the dead-letter topic the worker creates does too, so a 20 MB
+    rejected record is written whole; every good record around it is trained exactly once and
+    the group commits the log end. (With the broker's default 1 MB, its write failed forever:
+    the commit point froze below it and the good records after it were trained on every pass.)
+    """
+    topic = make_topic(1, config={"max.message.bytes": str(30 * MiB)})
+    dead = f"dlq-{uuid.uuid4().hex[:8]}"
+    big = b"\xc1" * (20 * 1000 * 1000)  # never valid msgpack
+    offsets = _produce(kafka_bootstrap, topic, 0, [True] * 30 + [False] + [True] * 30, bad=big)
+    bad_offset = offsets[30]
+    try:
+        code, log_text, audit = _run_to_idle_stop(kafka_bootstrap, topic, group_id, dead, tmp_path)
+        assert code == 0, log_text[-3000:]
+        assert _max_message_bytes(kafka_admin, dead) >= 30 * MiB
+
+        letters = _letters(kafka_bootstrap, dead, 1)
+        assert len(letters) == 1, "no letter in the dead-letter topic"
+        value, headers = letters[0]
+        assert len(value) == len(big), "the letter is not whole"
+        assert headers[HEADER_TOPIC] == topic
+        assert (headers[HEADER_PARTITION], headers[HEADER_OFFSET]) == ("0", str(bad_offset))
+        assert headers[HEADER_REASON]
+        assert HEADER_ERROR not in headers and HEADER_ORIGINAL_SIZE not in headers
+
+        trained = read_audit(audit, topic)
+        good = {(0, o) for o in offsets if o != bad_offset}
+        assert set(trained) == good
+        assert set(trained.values()) == {1}, "a good record was trained more than once"
+        end = end_offsets(kafka_bootstrap, topic)[0]
+        assert committed_offsets(kafka_bootstrap, group_id, topic)[0] == end
+        assert "refused the letter" not in log_text
+    finally:
+        kafka_admin.delete_topics([dead])
+
+
+@_broker
+@pytest.mark.timeout(420)
+def test_a_dead_letter_topic_too_small_for_a_record_gets_a_header_only_letter(
+    kafka_bootstrap: str, kafka_admin: Any, make_topic: Any, tmp_path: Path, group_id: str
+) -> None:
+    """An existing dead-letter topic of max.message.bytes=1000 is left as it is and named at
+    start-up with the command that raises it; a 5 KB rejected record, which it refuses, is
+    written as a header-only letter with its size and the produce error, and the commits
+    reach the log end."""
+    topic = make_topic(1)
+    dead = make_topic(1, prefix="dlq", config={"max.message.bytes": "1000"})
+    bad = b"\xc1" * 5000
+    offsets = _produce(kafka_bootstrap, topic, 0, [True] * 20 + [False] + [True] * 20, bad=bad)
+    bad_offset = offsets[20]
+    code, log_text, audit = _run_to_idle_stop(kafka_bootstrap, topic, group_id, dead, tmp_path)
+    assert code == 0, log_text[-3000:]
+
+    warning = next(
+        (ln for ln in log_text.splitlines() if "WARNING" in ln and "kafka-configs.sh" in ln),
+        None,
+    )
+    assert warning is not None, log_text[-3000:]
+    assert dead in warning and topic in warning
+    source_max = _max_message_bytes(kafka_admin, topic)  # the broker's default
+    assert "1000 bytes" in warning and f"{source_max} bytes" in warning  # both sizes
+    assert f"--entity-name {dead} --add-config max.message.bytes={source_max}" in warning
+    assert sum("kafka-configs.sh" in ln for ln in log_text.splitlines()) == 1
+
+    letters = _letters(kafka_bootstrap, dead, 1)
+    assert len(letters) == 1, "no letter in the dead-letter topic"
+    value, headers = letters[0]
+    assert value == b""
+    assert headers[HEADER_TOPIC] == topic
+    assert (headers[HEADER_PARTITION], headers[HEADER_OFFSET]) == ("0", str(bad_offset))
+    assert headers[HEADER_REASON]
+    assert headers[HEADER_ORIGINAL_SIZE] == str(len(bad))
+    assert headers[HEADER_ERROR] == "MessageSizeTooLargeError"
+
+    trained = read_audit(audit, topic)
+    assert set(trained) == {(0, o) for o in offsets if o != bad_offset}
+    assert set(trained.values()) == {1}
+    end = end_offsets(kafka_bootstrap, topic)[0]
+    assert committed_offsets(kafka_bootstrap, group_id, topic)[0] == end
+    assert bad not in log_text.encode()
+
+
+@_broker
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("topic_max", "size", "lost"),
+    [
+        # The broker refuses it (the producer, sized to 1000 bytes + headroom, sends it).
+        ("1000", 5000, False),
+        # The default 1 MB topic; the producer, sized to it, refuses 2 MB before sending.
+        (None, 2_000_000, False),
+        # Even a header-only letter is too large for this topic: the record is given up.
+        ("10", 100, True),
+    ],
+    ids=["refused-by-the-broker", "refused-by-the-producer", "header-only-refused-too"],
+)
+def test_a_letter_refused_for_good_is_done_without_retries(
+    kafka_bootstrap: str,
+    kafka_admin: Any,
+    make_topic: Any,
+    topic_max: str | None,
+    size: int,
+    lost: bool,
+) -> None:
+    """Written header-only (or given up) at once, never retried, and the writer goes on: a
+    later letter that fits is written whole."""
+    dead = make_topic(
+        1, prefix="dlq", config={"max.message.bytes": topic_max} if topic_max else None
+    )
+    done: list[tuple[int, int]] = []
+    errors: list[str] = []
+    writer = DeadLetterWriter(
+        kafka_bootstrap,
+        dead,
+        on_done=lambda p, o: done.append((p, o)),
+        on_failure=lambda exc: errors.append(type(exc).__name__),
+        max_message_bytes=_max_message_bytes(kafka_admin, dead),
+    )
+    try:
+        writer.send(b"\xc1" * size, "source", 3, 77, "format")
+        assert writer.flush(30), "the letter is still waiting: retried, not advanced"
+        writer.send(b"\xc1" * 5, "source", 3, 78, "format")
+        assert writer.flush(30), "the next letter is still waiting"
+    finally:
+        writer.close(10)
+    assert done == [(3, 77), (3, 78)]
+    counts = (writer.header_only, writer.lost, writer.failed)
+    assert counts == ((2, 2, 0) if lost else (1, 0, 0))
+    if lost:  # the second letter too: 4 refusals, nothing written
+        assert errors == ["MessageSizeTooLargeError"] * 4
+        return
+    assert errors == ["MessageSizeTooLargeError"]
+    (first, first_headers), (second, second_headers) = _letters(kafka_bootstrap, dead, 2)
+    assert first == b""
+    assert first_headers[HEADER_ORIGINAL_SIZE] == str(size)
+    assert first_headers[HEADER_ERROR] == "MessageSizeTooLargeError"
+    assert (first_headers[HEADER_TOPIC], first_headers[HEADER_PARTITION]) == ("source", "3")
+    assert (first_headers[HEADER_OFFSET], first_headers[HEADER_REASON]) == ("77", "format")
+    assert second == b"\xc1" * 5 and second_headers[HEADER_OFFSET] == "78"
+    assert HEADER_ERROR not in second_headers
+
+
+# ---- which produce errors are permanent (no broker) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        kerrors.MessageSizeTooLargeError(),
+        kerrors.RecordListTooLargeError(),
+        kerrors.InvalidRecordError(),
+        kerrors.CorruptRecordError(),
+        kerrors.InvalidTopicError(),  # any other non-retriable error response
+        kerrors.UnknownError(),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_errors_about_the_letter_are_permanent(exc: BaseException) -> None:
+    assert is_permanent(exc)
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        kerrors.KafkaTimeoutError(),  # no metadata within max_block_ms, a delivery timeout
+        kerrors.UnknownTopicOrPartitionError(),  # the topic deleted
+        kerrors.NotLeaderForPartitionError(),
+        kerrors.RequestTimedOutError(),
+        kerrors.NotEnoughReplicasError(),
+        kerrors.KafkaConnectionError(),
+        kerrors.IllegalStateError("Producer is closed forcefully."),  # a renewed producer
+        kerrors.TopicAuthorizationFailedError(),  # an ACL is granted at run time
+        kerrors.ClusterAuthorizationFailedError(),
+        kerrors.SaslAuthenticationFailedError(),
+        DeadLetterBacklogFull("full"),
+        RuntimeError("no dead-letter producer (broker unreachable?)"),
+    ],
+    ids=lambda e: type(e).__name__,
+)
+def test_errors_about_the_broker_or_the_topic_are_retried(exc: BaseException) -> None:
+    assert not is_permanent(exc)
