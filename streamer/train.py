@@ -251,15 +251,23 @@ def keras_test_step(model: keras.Model, x: Any, y: Any, sample_weight: Any) -> A
 
 
 def metric_values(model: keras.Model) -> dict[str, float]:
-    """Each of the model's metrics (``loss`` first) as one number, by Keras' name for it.
+    """Each of the model's metrics (``loss`` first) as one number, by Keras' name for it, as
+    ``Model.get_metrics_result`` gives them.
 
-    Results that are not one number (a confusion matrix, say) are left out.
+    Metrics that have not been built yet (no step so far) and results that are not one number
+    (a confusion matrix, say) are left out.
     """
     out: dict[str, float] = {}
-    for name, value in model.get_metrics_result().items():
-        arr = np.asarray(value)
-        if arr.size == 1 and arr.dtype.kind in "fiu":
-            out[name] = float(arr.reshape(()))
+    for metric in model.metrics:
+        try:
+            result = metric.result()
+        except ValueError:  # "Cannot get result() since the metric has not yet been built."
+            continue
+        items = result.items() if isinstance(result, Mapping) else [(metric.name, result)]
+        for name, value in items:
+            arr = np.asarray(value)
+            if arr.size == 1 and arr.dtype.kind in "fiu":
+                out[name] = float(arr.reshape(()))
     return out
 
 

@@ -49,9 +49,16 @@ class WorkerProcess:
 
     @classmethod
     def start(
-        cls, args: Sequence[str], log_path: Path, *, env_extra: Mapping[str, str] | None = None
+        cls,
+        args: Sequence[str],
+        log_path: Path,
+        *,
+        env_extra: Mapping[str, str] | None = None,
+        new_group: bool = False,
     ) -> WorkerProcess:
-        """``env_extra``: variables set for this worker only (TF_CONFIG of a cluster)."""
+        """``env_extra``: variables set for this worker only (TF_CONFIG of a cluster);
+        ``new_group``: the worker leads a process group of its own (``signal_group`` sends to
+        it and its shard children, as a terminal's Ctrl-C does)."""
         env = dict(os.environ)
         env.update(PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
         env.pop("TF_CONFIG", None)
@@ -63,7 +70,13 @@ class WorkerProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as err:
             proc = subprocess.Popen(
-                argv, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stdout=err, stderr=err
+                argv,
+                cwd=ROOT,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=err,
+                stderr=err,
+                start_new_session=new_group,
             )
         return cls(proc, log_path, argv)
 
@@ -96,6 +109,11 @@ class WorkerProcess:
     def signal(self, signum: int) -> None:
         if self.alive():
             os.kill(self.proc.pid, signum)
+
+    def signal_group(self, signum: int) -> None:
+        """``signum`` to every process of the worker's group (started with ``new_group``)."""
+        if self.alive():
+            os.killpg(self.proc.pid, signum)
 
     def terminate(self) -> None:
         self.signal(signal.SIGTERM)

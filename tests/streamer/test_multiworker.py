@@ -531,6 +531,61 @@ def test_two_workers_on_uneven_input_train_every_record_once_with_identical_weig
 
 @pytest.mark.kafka
 @pytest.mark.slow
+def test_ctrl_c_to_launch_is_one_coordinated_clean_stop(
+    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
+) -> None:
+    """A terminal's Ctrl-C reaches `streamer launch` and both workers (one process group),
+    and launch forwards it once more: every worker takes the duplicates as the same stop,
+    they checkpoint at one step and exit 0, and the commits are that checkpoint's offsets."""
+    topic = make_topic(4)
+    produce_to(kafka_bootstrap, topic, dict.fromkeys(range(4), 6000))
+    ckpt = tmp_path / "ckpt"
+    args = mw_args(
+        kafka_bootstrap,
+        topic,
+        group_id,
+        tmp_path / "audit-{index}.csv",
+        "--checkpoint-every-steps", "10", "--metrics-port", "0",
+        ckpt=ckpt,
+    )  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMER_")}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
+    env.pop("TF_CONFIG", None)
+    log_path = tmp_path / "launch.log"
+    with open(log_path, "wb") as out:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "streamer.cli", "launch", "--workers", "2", "--", *args],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + START_S + 60
+        while len(checkpoints(log_path.read_text(errors="replace"))) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.5)
+        os.killpg(launcher.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole group
+        rc = launcher.wait(90)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait(30)
+    text = log_path.read_text(errors="replace")
+    assert rc == 0, text[-6000:]
+    assert "workers exited with [0, 0]" in text, text[-4000:]
+    assert "exiting at once" not in text and "lost worker" not in text, text[-4000:]
+    stops = [_STOPPED.search("\n".join(x for x in text.splitlines() if x.startswith(f"[w{i}] ")))
+             for i in (0, 1)]  # fmt: skip
+    assert all(stops), text[-4000:]
+    assert stops[0].group(2) == stops[1].group(2)  # type: ignore[union-attr]
+    step, offsets = latest_checkpoint(ckpt)
+    assert step == int(stops[0].group(2))  # type: ignore[union-attr]
+    assert committed_offsets(kafka_bootstrap, group_id, topic) == offsets
+    counts = audits(tmp_path / "audit-0.csv", tmp_path / "audit-1.csv", topic=topic)
+    below = {(p, o) for p, end in offsets.items() for o in range(end)}
+    assert counts.keys() == below and max(counts.values()) == 1
+
+
+@pytest.mark.kafka
+@pytest.mark.slow
 def test_an_idle_worker_never_stalls_the_cluster_and_sigterm_checkpoints_all(
     kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
 ) -> None:

@@ -452,14 +452,13 @@ def test_evaluator_computes_the_compiled_metric_over_the_held_out_records(
         idle_timeout=1.0,
     )
     try:
-        assert evaluator.metric_names == ("mae",)
         first = evaluator.evaluate()
         second = evaluator.evaluate()
     finally:
         evaluator.close()
     assert first is not None and second is not None
     data = read_topic(kafka_bootstrap, eval_topic, 700)
-    pred = np.asarray(bundle.model({"x": tf.constant(data["x"])}))
+    pred = np.asarray(bundle.model({"x": tf.constant(data["x"])}))[:, 0]  # [n, 1] head
     mse = float(np.mean((pred - data["y"]) ** 2))
     mae = float(np.mean(np.abs(pred - data["y"])))
     for result in (first, second):  # the metric state is reset between evaluations

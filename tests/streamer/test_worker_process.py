@@ -302,6 +302,80 @@ def test_sigterm_mid_stream_then_restart_trains_every_record_exactly_once(
     )
 
 
+@pytest.mark.kafka
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    ("client", "runtime", "how"),
+    [
+        ("kafka-python", "process", "SIGINT to the group"),
+        ("kafka-python", "process", "SIGTERM to the group, twice"),
+        ("kafka-python", "thread", "SIGINT to the group"),
+        ("confluent", "thread", "SIGINT to the group, twice"),
+    ],
+)
+def test_a_signal_to_the_process_group_is_the_same_clean_stop(
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    group_id: str,
+    tmp_path: Path,
+    client: str,
+    runtime: str,
+    how: str,
+) -> None:
+    """A terminal's Ctrl-C (or systemd's control-group stop) reaches the shard children too:
+    they leave the stop to the worker, which commits and checkpoints what it trained; a
+    restart trains no record twice. A duplicate within the grace window is the same stop."""
+    topic = make_topic(PARTITIONS)
+    audit = tmp_path / "audit.csv"
+    args = worker_args(
+        kafka_bootstrap,
+        topic,
+        group_id,
+        audit,
+        shards=SHARDS,
+        batch_size=BATCH,
+        checkpoint_dir=tmp_path / "ckpt",
+        checkpoint_every_steps=CKPT_STEPS,
+        extra=[
+            "--shutdown-timeout",
+            str(SHUTDOWN_S),
+            "--kafka-client",
+            client,
+            "--shard-runtime",
+            runtime,
+        ],
+    )
+    signum = signal.SIGINT if "SIGINT" in how else signal.SIGTERM
+    produce(kafka_bootstrap, topic, 20_000, partitions=PARTITIONS)
+    first = WorkerProcess.start(args, tmp_path / "worker-1.log", new_group=True)
+    first.wait_for(lambda: first.samples_trained() >= 3000, START_S, "training progress")
+    assert first.alive(), first.tail()
+    first.signal_group(signum)
+    if "twice" in how:
+        time.sleep(0.2)
+        first.signal_group(signum)
+    rc = first.wait(SHUTDOWN_S + 10)
+    log = first.log()
+    assert rc == 0, first.tail()
+    assert "KeyboardInterrupt" not in log and "Traceback" not in log, first.tail()
+    stopped = first.stopped()
+    assert stopped is not None and stopped[0] == f"signal {signum.name}", first.tail()
+    committed = committed_offsets(kafka_bootstrap, group_id, topic)
+    trained = read_audit(audit, topic)
+    below = {(p, o) for p, c in committed.items() for o in range(c or 0)}
+    assert len(below) >= 3000, first.tail()
+    assert_exactly_once(trained, below, first.tail())
+    second = WorkerProcess.start(args, tmp_path / "worker-2.log")
+    assert second.wait(START_S + 120) == 0, second.tail()
+    restored = second.restored()
+    assert restored is not None and restored[1] == {
+        p: c for p, c in committed.items() if c is not None
+    }, second.tail()
+    ends = end_offsets(kafka_bootstrap, topic)
+    assert_exactly_once(read_audit(audit, topic), all_records(ends), tails(first, second))
+    assert committed_offsets(kafka_bootstrap, group_id, topic) == ends
+
+
 # ---- 4. restore -------------------------------------------------------------------------------
 
 
