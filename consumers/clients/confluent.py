@@ -42,6 +42,7 @@ from consumers.errors import (
     TlsHandshakeError,
 )
 from consumers.logs import quiet
+from consumers.redact import protect
 from consumers.settings import ConsumerSettings, SecuritySettings
 
 try:
@@ -148,8 +149,10 @@ def open_client(settings: ConsumerSettings, shard_index: int) -> ConfluentClient
 def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iterator[list[bytes]]:
     """The values of ``settings.partitions`` from their beginning, one list per ``consume``,
     in a plain confluent-kafka loop (the benchmark's reference for the client's cost)."""
+    protect(settings.security)
     cfg = consumer_config(settings, 0)
     cfg.pop("group.instance.id", None)
+    cfg["logger"] = logging.getLogger("confluent_kafka")  # not librdkafka's own stderr lines
     consumer = ck.Consumer(cfg)
     try:
         consumer.assign(
@@ -191,6 +194,7 @@ class ConfluentClient:
         self._topic_missing = False
         self._topic_checked = time.monotonic()
         self._partitions: frozenset[int] | None = None
+        protect(settings.security)
         cfg = consumer_config(settings, shard_index)
         cfg.update(
             on_commit=self._on_commit,

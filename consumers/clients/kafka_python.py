@@ -45,6 +45,7 @@ from consumers.errors import (
     TlsHandshakeError,
 )
 from consumers.logs import quiet
+from consumers.redact import protect
 from consumers.settings import ConsumerSettings, SecuritySettings
 
 __all__ = [
@@ -173,6 +174,7 @@ def connect(
     Raises ``AuthenticationError``/``TlsHandshakeError`` (never retried) or
     ``BrokerUnavailableError`` (no broker answered within ``timeout_ms``).
     """
+    protect(security)
     client_id = f"streamer-probe-{uuid.uuid4().hex[:8]}"
     watch = internals.FailureWatch(client_id, sasl=security.security_protocol.startswith("SASL_"))
     with watch:
@@ -238,6 +240,7 @@ def probe_consumer(
 def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iterator[list[bytes]]:
     """The values of ``settings.partitions`` from their beginning, one list per poll, in a
     plain kafka-python loop without a group (the benchmark's reference for the client's cost)."""
+    protect(settings.security)
     cfg = consumer_config(settings, 0)
     cfg.pop("group_instance_id", None)
     cfg["group_id"] = None
@@ -256,6 +259,7 @@ def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iter
 def open_client(settings: ConsumerSettings, shard_index: int) -> KafkaPythonClient:
     """A KafkaConsumer for one shard, its errors wrapped in ours (no secrets in them)."""
     quiet_logs()
+    protect(settings.security)
     try:
         consumer = KafkaConsumer(**consumer_config(settings, shard_index))
     except (kerrors.KafkaTimeoutError, kerrors.KafkaConnectionError) as exc:

@@ -8,6 +8,10 @@ in STREAMER_SASL_PASSWORD or a file named by STREAMER_SASL_PASSWORD_FILE.
 
 from __future__ import annotations
 
+import base64
+import json
+import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,7 +22,7 @@ from consumers.admin import wait_for_topic
 from consumers.errors import AuthenticationError, TlsHandshakeError
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings
 from streamer.simulator import produce
-from tests.reliability.brokers import USERS, Certs, PrivateBroker, free_port
+from tests.reliability.brokers import ROOT, USERS, Certs, PrivateBroker, free_port
 from tests.reliability.relutil import (
     error_lines,
     http_get,
@@ -501,3 +505,221 @@ def test_no_secret_in_exception_text_or_settings_repr(secure_broker: PrivateBrok
     # A password that the broker echoes would be masked too (defence in depth).
     for text in texts:
         assert secret not in text, text
+
+
+# ---- no secret in DEBUG records, when an application embeds the package -----------------------
+
+# An application that embeds the package and logs everything at DEBUG (root logger, the client
+# libraries' loggers left alone), run as its own process: stderr, stdout and a handler on the
+# root logger that writes each record whole (``record.__dict__``: template, args, traceback)
+# are what the test searches. ``control`` builds kafka-python's admin client directly (as no
+# code of ours does), so the same capture must see the password: the search can fail.
+_EMBEDDING_APP = """
+import json, logging, sys, time
+
+p = json.loads(sys.argv[1])
+
+
+class Capture(logging.Handler):
+    def __init__(self, path):
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self.out = open(path, "w", encoding="utf-8")
+        self.count = 0
+
+    def emit(self, record):
+        self.count += 1
+        self.out.write(self.format(record) + "\\n" + repr(record.__dict__) + "\\n")
+        self.out.flush()
+
+
+capture = Capture(p["capture"])
+logging.basicConfig(level=logging.DEBUG, stream=sys.stderr,
+                    format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+root = logging.getLogger()
+root.addHandler(capture)
+summary = {}
+if p["mode"] == "control":
+    root.handlers[:] = [capture]  # the leak goes to the capture file only
+    from kafka.admin import KafkaAdminClient
+
+    admin = KafkaAdminClient(
+        bootstrap_servers=p["bootstrap"], security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
+        sasl_plain_username=p["user"], sasl_plain_password=p["password"], ssl_cafile=p["ca"],
+        ssl_password=p["ssl_password"])
+    summary["topics"] = len(admin.list_topics())
+    admin.close()
+else:
+    from consumers.admin import ensure_topic, group_lag, wait_for_topic
+    from consumers.clients import open_client
+    from consumers.settings import ConsumerSettings, Secret, SecuritySettings
+    from streamer.deadletter import DeadLetterWriter
+
+    if p["mode"] == "confluent":  # librdkafka's own debug output, all of it
+        import consumers.clients.confluent as adapter
+
+        config = adapter.consumer_config
+        adapter.consumer_config = lambda s, i: {**config(s, i), "debug": "all"}
+    security = SecuritySettings(
+        security_protocol="SASL_SSL", sasl_mechanism="PLAIN", sasl_plain_username=p["user"],
+        sasl_plain_password=Secret(p["password"]), ssl_cafile=p["ca"],
+        ssl_password=Secret(p["ssl_password"]))
+    settings = ConsumerSettings(
+        bootstrap_servers=p["bootstrap"], topic=p["topic"], group_id=p["group"],
+        mode="static", partitions=(0, 1), client=p["mode"], security=security)
+    wait_for_topic(settings, attempts=2)  # the start-up probe (kafka-python)
+    client = open_client(settings, 0)  # the shard's consumer
+    try:
+        client.assign([0, 1], {0: 0, 1: 0})
+        read, ends, deadline = 0, {}, time.monotonic() + 60
+        while read < p["records"] and time.monotonic() < deadline:
+            block = client.poll(200, 0)
+            if block is not None:
+                read += len(block)
+                ends.update(block.next_offsets())
+        client.commit(ends, timeout_ms=10000)
+        summary["read"] = read
+    finally:
+        client.close(5000)
+    summary["lag"] = len(group_lag(p["bootstrap"], p["group"], p["topic"], security=security))
+    ensure_topic(settings, p["topic"] + "-dlq", partitions=1)  # admin
+    done = []
+    writer = DeadLetterWriter(  # the dead-letter producer, as the worker builds it
+        p["bootstrap"], p["topic"] + "-dlq", on_done=lambda part, off: done.append(off),
+        security=security.kafka_config())
+    writer.send(b"bad record", p["topic"], 0, 0, "test")
+    writer.close(30)
+    summary["dead_letters"] = len(done)
+summary["records"] = capture.count
+print(json.dumps(summary))
+"""
+
+
+def _shown_forms(user: str, password: str) -> dict[str, str]:
+    """The ways a log line could show the password: plain, PLAIN's auth bytes (repr, base64,
+    hex) and the password's own base64."""
+    auth = f"{user}\0{user}\0{password}".encode()  # kafka-python's: authzid, authcid, password
+    return {
+        "the password": password,
+        "PLAIN auth bytes (repr)": repr(auth)[2:-1],
+        "PLAIN auth bytes (base64)": base64.b64encode(auth).decode(),
+        "PLAIN auth bytes (hex)": auth.hex(),
+        "the password (base64)": base64.b64encode(password.encode()).decode(),
+    }
+
+
+def _embedded_run(
+    mode: str, params: dict[str, object], tmp_path: Path
+) -> tuple[dict[str, int], dict[str, str]]:
+    capture = tmp_path / f"{mode}-records.txt"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _EMBEDDING_APP,
+            json.dumps({**params, "mode": mode, "capture": str(capture)}),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+    )
+    assert proc.returncode == 0, f"{mode} run exited {proc.returncode}\n{proc.stderr[-4000:]}"
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    texts = {
+        "stdout": proc.stdout,
+        "stderr (root at DEBUG, librdkafka's own output)": proc.stderr,
+        "records on the root logger (whole)": capture.read_text(encoding="utf-8"),
+    }
+    return summary, texts
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_no_secret_in_any_debug_record_of_an_embedding_application(
+    secure_broker: PrivateBroker, certs: Certs, tmp_path: Path, client: str
+) -> None:
+    user = "carol"  # PLAIN: the auth bytes hold the password itself
+    _, password = USERS[user]
+    ssl_secret = "sslpw-" + uuid.uuid4().hex  # the TLS key password, in every config dump
+    params: dict[str, object] = {
+        "bootstrap": secure_broker.listeners["SASL_SSL"],
+        "ca": str(certs.ca),
+        "user": user,
+        "password": password,
+        "ssl_password": ssl_secret,
+        "topic": _topic(secure_broker, 200),
+        "group": f"g-{uuid.uuid4().hex[:8]}",
+        "records": 200,
+    }
+    forms = {**_shown_forms(user, password), "the TLS key password": ssl_secret}
+    if client == "kafka-python":
+        # The control: the capture sees kafka-python's DEBUG leak when nothing redacts it.
+        summary, texts = _embedded_run("control", params, tmp_path)
+        leaked = texts["records on the root logger (whole)"]
+        assert summary["topics"] >= 1 and summary["records"] > 20, summary
+        assert password in leaked and ssl_secret in leaked, "the control run leaked nothing"
+        assert forms["PLAIN auth bytes (repr)"] in leaked
+    summary, texts = _embedded_run(client, params, tmp_path)
+    print(f"{client}: {summary}")
+    assert summary["read"] == 200 and summary["dead_letters"] == 1, summary
+    assert summary["lag"] == 2, summary
+    for where, text in texts.items():
+        for form, needle in forms.items():
+            at = text.find(needle)
+            assert at < 0, f"{form} appears in the {where}: ...{text[max(0, at - 200) : at]}"
+    records = texts["records on the root logger (whole)"]
+    # DEBUG was on and the lines that used to leak were logged (masked).
+    assert summary["records"] > 200, summary
+    assert "SaslAuthenticateRequest(" in records and "auth_bytes=b'***'" in records
+    assert "Starting KafkaAdminClient with configuration" in records
+    assert "'sasl_plain_password': '***'" in records and "'ssl_password': '***'" in records
+    if client == "confluent":
+        librdkafka = [
+            line for line in records.splitlines() if line.startswith("DEBUG confluent_kafka")
+        ]
+        assert len(librdkafka) > 50, "no librdkafka debug records"
+        assert any("SASL" in line for line in librdkafka), librdkafka[:20]
+        # librdkafka masks its own secrets in its configuration dump (debug "conf").
+        assert "sasl.password = [redacted]" in records
+        assert "ssl.key.password = [redacted]" in records
+
+
+# The CLI: kafka's loggers stay at WARNING even with --log-level DEBUG, and its handler masks
+# the registered secrets in every record (a logger made later, a record factory replaced).
+_CLI_LOGGING = """
+import logging, sys
+from consumers.redact import protect
+from consumers.settings import Secret, SecuritySettings
+from streamer.cli import configure_logging
+
+password = sys.argv[1]
+configure_logging("DEBUG")
+assert logging.getLogger("kafka").getEffectiveLevel() == logging.WARNING
+assert logging.getLogger("kafka.net.connection").getEffectiveLevel() == logging.WARNING
+assert logging.getLogger("confluent_kafka").getEffectiveLevel() == logging.WARNING
+protect(SecuritySettings(security_protocol="SASL_SSL", sasl_mechanism="PLAIN",
+                         sasl_plain_username="carol", sasl_plain_password=Secret(password)))
+logging.getLogger("kafka.made.later").warning("config %s", {"sasl_plain_password": password})
+logging.getLogger("streamer.app").error("failed: %r", RuntimeError("login " + password))
+logging.setLogRecordFactory(logging.LogRecord)  # an application resetting the factory
+logging.getLogger("kafka.made.even.later").warning("auth %s", password.encode().hex())
+"""
+
+
+def test_cli_logging_keeps_kafka_at_warning_and_masks_secrets_in_every_record() -> None:
+    password = "cli-" + uuid.uuid4().hex
+    proc = subprocess.run(
+        [sys.executable, "-c", _CLI_LOGGING, password],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 3 and all("***" in line for line in lines), proc.stderr
+    assert "'sasl_plain_password': '***'" in lines[0]
+    assert password not in proc.stderr and password.encode().hex() not in proc.stderr
