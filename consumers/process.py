@@ -315,7 +315,13 @@ def _child_main(
     for name, level in levels.items():
         logging.getLogger(name or None).setLevel(level)
 
-    hooks = _ChildHooks(send, restore, reasons)
+    def tell(event: object) -> None:
+        # From rebalance callbacks too (the client's thread, also inside close()): a parent
+        # that is gone must not make a callback raise ("User rebalance callback throws").
+        with contextlib.suppress(OSError, ValueError):
+            send(event)
+
+    hooks = _ChildHooks(tell, restore, reasons)
     barrier = _RemoteBarrier(send) if use_barrier else None
     shard = Shard(settings, shard_index, num_shards, hooks=hooks, barrier=barrier)
     hooks.shard = shard
@@ -556,6 +562,9 @@ class ProcessShard:
             case Joining(joining):
                 self._child_joining = joining
                 if not joining:
+                    # Joined (with partitions or none: a client may call no listener for an
+                    # empty assignment, and a shard without partitions must go idle too).
+                    self._child_up = True
                     self.last_rebalance_monotonic = time.monotonic()
             case BarrierReport(generation) if self._barrier is not None:
                 self._generation = (generation,)

@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from streamer.simulator import produce
@@ -346,34 +347,82 @@ def test_a_signal_to_the_process_group_is_the_same_clean_stop(
         ],
     )
     signum = signal.SIGINT if "SIGINT" in how else signal.SIGTERM
-    produce(kafka_bootstrap, topic, 20_000, partitions=PARTITIONS)
-    first = WorkerProcess.start(args, tmp_path / "worker-1.log", new_group=True)
-    first.wait_for(lambda: first.samples_trained() >= 3000, START_S, "training progress")
-    assert first.alive(), first.tail()
-    first.signal_group(signum)
-    if "twice" in how:
-        time.sleep(0.2)
+    producer = RateProducer(kafka_bootstrap, topic, rate=3000, seed=7)
+    producer.start()
+    try:
+        first = WorkerProcess.start(args, tmp_path / "worker-1.log", new_group=True)
+        first.wait_for(lambda: first.samples_trained() >= 3000, START_S, "training progress")
+        assert first.alive(), first.tail()
         first.signal_group(signum)
-    rc = first.wait(SHUTDOWN_S + 10)
-    log = first.log()
-    assert rc == 0, first.tail()
-    assert "KeyboardInterrupt" not in log and "Traceback" not in log, first.tail()
-    stopped = first.stopped()
-    assert stopped is not None and stopped[0] == f"signal {signum.name}", first.tail()
-    committed = committed_offsets(kafka_bootstrap, group_id, topic)
-    trained = read_audit(audit, topic)
-    below = {(p, o) for p, c in committed.items() for o in range(c or 0)}
-    assert len(below) >= 3000, first.tail()
-    assert_exactly_once(trained, below, first.tail())
-    second = WorkerProcess.start(args, tmp_path / "worker-2.log")
-    assert second.wait(START_S + 120) == 0, second.tail()
-    restored = second.restored()
-    assert restored is not None and restored[1] == {
-        p: c for p, c in committed.items() if c is not None
-    }, second.tail()
+        if "twice" in how:
+            time.sleep(0.2)
+            first.signal_group(signum)
+        rc = first.wait(SHUTDOWN_S + 10)
+        log = first.log()
+        assert rc == 0, first.tail()
+        assert "KeyboardInterrupt" not in log and "exiting at once" not in log, first.tail()
+        stopped = first.stopped()
+        assert stopped is not None and stopped[0] == f"signal {signum.name}", first.tail()
+        committed = committed_offsets(kafka_bootstrap, group_id, topic)
+        trained = read_audit(audit, topic)
+        below = {(p, o) for p, c in committed.items() for o in range(c or 0)}
+        assert len(below) >= 3000, first.tail()
+        assert_exactly_once(trained, below, first.tail())
+        second = WorkerProcess.start(args, tmp_path / "worker-2.log")
+        second.wait_for(lambda: second.starting_step() is not None, START_S, "start-up")
+        restored = second.restored()
+        assert restored is not None and restored[1] == {
+            p: c for p, c in committed.items() if c is not None
+        }, second.tail()
+    finally:
+        producer.stop()
+    assert second.wait(START_S + 60) == 0, second.tail()
     ends = end_offsets(kafka_bootstrap, topic)
     assert_exactly_once(read_audit(audit, topic), all_records(ends), tails(first, second))
     assert committed_offsets(kafka_bootstrap, group_id, topic) == ends
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("runtime", ["process", "thread"])
+@pytest.mark.parametrize(
+    ("partitions", "shards"), [(1, 2), (3, 3)], ids=["more shards than partitions", "an empty one"]
+)
+def test_a_pass_ends_with_idle_shards_in_either_runtime(
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    group_id: str,
+    tmp_path: Path,
+    runtime: str,
+    partitions: int,
+    shards: int,
+) -> None:
+    """A shard with no partition, or only an empty one, goes idle like the others: the pass
+    ends, the last partial batch is trained and committed, and --stop-after-idle stops."""
+    topic = make_topic(partitions)
+    from kafka import KafkaProducer
+
+    from streamer.simulator import SimulatorTask
+
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
+    for value in SimulatorTask().records(1000, np.random.default_rng(3)):
+        producer.send(topic, value, partition=0)  # the other partitions stay empty
+    producer.flush()
+    producer.close()
+    audit = tmp_path / "audit.csv"
+    args = worker_args(
+        kafka_bootstrap, topic, group_id, audit, shards=shards, stop_after_idle=6,
+        extra=["--shard-runtime", runtime],
+    )  # fmt: skip
+    worker = WorkerProcess.start(args, tmp_path / "w.log")
+    t0 = time.monotonic()
+    assert worker.wait(120) == 0, worker.tail()
+    took = time.monotonic() - t0
+    assert worker.stopped() is not None and worker.stopped()[0] == "idle for 6s", worker.tail()  # type: ignore[index]
+    assert sum(read_audit(audit, topic).values()) == 1000
+    ends = end_offsets(kafka_bootstrap, topic)
+    assert committed_offsets(kafka_bootstrap, group_id, topic).get(0) == ends[0] == 1000
+    print(f"{runtime}, {partitions} partitions, {shards} shards: stopped after {took:.0f}s")
 
 
 # ---- 4. restore -------------------------------------------------------------------------------
