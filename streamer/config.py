@@ -337,11 +337,12 @@ def _typed(opt: Option, value: Any, source: str) -> Any:
     return value
 
 
-def _convert(opt: Option, value: Any, source: str) -> Any:
-    """A value from a flag, a variable (text) or a TOML file (typed), as the option's type."""
+def _convert(opt: Option, value: Any, source: str, *, typed: bool = False) -> Any:
+    """A value from a flag, a variable (text) or a TOML file (``typed``: TOML has types, so
+    ``shards = "2"`` is refused as ``shards = 2.7`` is), as the option's type."""
     if value is None:
         return None
-    if isinstance(value, str) and opt.kind is not str:
+    if isinstance(value, str) and opt.kind is not str and not typed:
         try:
             out = opt.parse(value.strip())
         except (ValueError, TypeError) as exc:
@@ -398,7 +399,7 @@ def load_config(
             opt = _BY_NAME.get(key)
             if opt is None:
                 raise _unknown(key, sorted(_BY_NAME), f"key in {config_path}")
-            values[key] = _convert(opt, value, config_path)
+            values[key] = _convert(opt, value, config_path, typed=True)
     known_env = {o.env for o in OPTIONS} | set(SECRET_ENV) | {"STREAMER_CONFIG"}
     for key in env:
         if key.startswith(ENV_PREFIX) and key not in known_env:

@@ -203,3 +203,62 @@ sys.exit(main(["run", "--bootstrap", "127.0.0.1:1", "--topic", "t", "--kafka-cli
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'streamer[confluent]'" in proc.stderr, proc.stderr
     assert "tensorflow" not in proc.stderr.lower(), "failed only after TensorFlow loaded"
+
+
+@pytest.mark.parametrize(
+    ("toml", "setting", "allowed"),
+    [
+        ("topic = 5", "topic", "a string"),
+        ("shards = 2.7", "shards", "an integer"),
+        ("batch_size = true", "batch_size", "an integer"),
+        ("partitions = [1.9, 0.2]", "partitions", "a list of integers"),
+        ('partitions = "0,1"', "partitions", "a list of integers"),
+        ("learning_rate = nan", "learning_rate", "a finite number"),
+        ("idle_timeout = inf", "idle_timeout", "a finite number"),
+        ('jit_compile = "yes"', "jit_compile", "true or false"),
+    ],
+)
+def test_every_toml_value_is_type_checked_never_truncated(
+    tmp_path: Path, toml: str, setting: str, allowed: str
+) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(toml + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config({"config": str(path)}, env={})
+    assert info.value.setting == setting and allowed in info.value.allowed
+
+
+@pytest.mark.parametrize(
+    ("env", "setting", "allowed"),
+    [
+        ({"STREAMER_LEARNING_RATE": "nan"}, "learning_rate", "a finite number"),
+        ({"STREAMER_IDLE_TIMEOUT": "inf"}, "idle_timeout", "a finite number"),
+        ({"STREAMER_SHARDS": "2.7"}, "shards", "an integer"),
+        ({"STREAMER_PARTITIONS": "1.9,0"}, "partitions", "comma-separated list"),
+    ],
+)
+def test_every_environment_value_is_type_checked(
+    env: dict[str, str], setting: str, allowed: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config({}, env=env)
+    assert info.value.setting == setting and allowed in info.value.allowed
+
+
+def test_an_unknown_key_never_echoes_its_value_and_suggests(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('sasl_password = "hunter2-secret"\nbatchsize = 3\n', encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        load_config({"config": str(path)}, env={})
+    assert "hunter2-secret" not in str(info.value)
+    assert "STREAMER_SASL_PASSWORD" in str(info.value)
+    path.write_text("batchsize = 3\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="did you mean batch_size"):
+        load_config({"config": str(path)}, env={})
+    with pytest.raises(ConfigError, match="did you mean STREAMER_BATCH_SIZE"):
+        load_config({}, env={"STREAMER_BATCHSIZE": "3"})
+
+
+def test_enumerations_are_case_insensitive() -> None:
+    config = load_config({"log_level": "info", "auto_offset_reset": "EARLIEST"}, env={})
+    assert (config.log_level, config.auto_offset_reset) == ("INFO", "earliest")
