@@ -4,22 +4,36 @@ lag and reset it."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from consumers.errors import ConfigError, StreamerError
 
 if TYPE_CHECKING:
+    from consumers.settings import SecuritySettings
     from streamer.config import WorkerConfig
     from streamer.simulator import Task
 
 __all__ = ["main"]
 
 log = logging.getLogger("streamer")
+
+#: The options of ``streamer run`` that say how to reach and log in to Kafka: every command
+#: that talks to Kafka takes them, from flags, STREAMER_* and --config alike.
+CONNECTION_OPTIONS = (
+    "bootstrap",
+    "security_protocol",
+    "sasl_mechanism",
+    "sasl_username",
+    "ssl_cafile",
+    "ssl_certfile",
+    "ssl_keyfile",
+)
 
 #: Kafka's compression codecs, all readable by the worker (DESIGN section 3).
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -42,8 +56,10 @@ class _JsonFormatter(logging.Formatter):
 def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     """The library never configures logging; the CLI does, once."""
     from consumers.redact import RedactingFilter
+    from streamer.status import LiveLineHandler
 
-    handler = logging.StreamHandler(sys.stderr)
+    # On a terminal a record never lands on the live status line (it moves out of the way).
+    handler = LiveLineHandler(sys.stderr)
     # Whatever level a logger runs at, no Kafka secret reaches the output: the handler masks
     # the values the client adapters registered (consumers/redact.py) in every record.
     handler.addFilter(RedactingFilter())
@@ -87,8 +103,30 @@ def _load_tensorflow() -> None:
     load_tensorflow()
 
 
-def _parser() -> argparse.ArgumentParser:
-    return _parsers()[0]
+class _Parser(argparse.ArgumentParser):
+    """argparse with the habits of a careful CLI: no abbreviations (``--max-step`` is not
+    ``--max-steps``), and an error that is one line with a suggestion, not the whole usage."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    def error(self, message: str) -> NoReturn:
+        hint = self._suggestion(message)
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n(see {self.prog} --help)\n")
+
+    def _suggestion(self, message: str) -> str:
+        if "unrecognized arguments:" not in message:
+            return ""
+        known = [o for action in self._actions for o in action.option_strings]
+        tips = []
+        for token in message.split("unrecognized arguments:", 1)[1].split():
+            if not token.startswith("-"):
+                continue
+            close = difflib.get_close_matches(token.split("=", 1)[0], known, n=1, cutoff=0.6)
+            if close:
+                tips.append(f"{token} -> {close[0]}")
+        return f"; did you mean: {', '.join(tips)}?" if tips else ""
 
 
 def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
@@ -97,7 +135,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     from streamer.config import add_run_arguments
     from streamer.replay import COMMIT_METADATA, DESCRIPTION, RANGE_FORMS, RUN_OPTION_HELPS
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="streamer",
         description="Train a TensorFlow model continuously on msgpack records from Kafka.",
     )
@@ -116,6 +154,12 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_arguments(run)
+    run.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective settings after the config file, STREAMER_* and the flags, "
+        "with where each came from (secrets masked), and exit",
+    )
 
     replay = sub.add_parser(
         "replay",
@@ -166,7 +210,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="produce simulator samples into a topic (creates it if missing)",
         description="Produce samples of the simulator's learnable task into a Kafka topic.",
     )
-    sim.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    add_run_arguments(sim, only=CONNECTION_OPTIONS)
     sim.add_argument("--topic", required=True, help="topic to produce to (created if missing)")
     sim.add_argument(
         "--records",
@@ -175,7 +219,11 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="records to produce; 0 = forever [default: 10000]",
     )
     sim.add_argument(
-        "--partitions", type=int, default=4, help="partitions of a topic it creates [default: 4]"
+        "--partitions",
+        type=int,
+        default=None,
+        help="partitions of a topic it creates; an existing topic keeps its own (a warning "
+        "says so when they differ) [default: 4]",
     )
     sim.add_argument(
         "--rate", type=float, default=None, help="records per second [default: as fast as possible]"
@@ -209,8 +257,9 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     sim.add_argument(
         "--log-level",
         default="INFO",
+        type=str.upper,
         choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="log level [default: INFO]",
+        help="log level, in any case [default: INFO]",
     )
 
     lag = sub.add_parser(
@@ -218,7 +267,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="a consumer group's committed offset, end offset and lag per partition",
         description="Show a group's committed offset, end offset and lag per partition, from outside the worker.",
     )
-    lag.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    add_run_arguments(lag, only=CONNECTION_OPTIONS)
     lag.add_argument("--group", required=True, help="consumer group id")
     lag.add_argument(
         "--topic", default=None, help="only this topic [default: every topic the group committed]"
@@ -265,7 +314,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
             "from its checkpoint, not from the group's offsets: move it with --start-from."
         ),
     )
-    reset.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    add_run_arguments(reset, only=CONNECTION_OPTIONS)
     reset.add_argument("--group", required=True, help="consumer group id")
     reset.add_argument("--topic", required=True, help="the topic whose offsets move")
     reset.add_argument(
@@ -433,10 +482,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from streamer.config import load_config
+    from streamer.config import load_config, print_config
 
-    params = {k: v for k, v in vars(args).items() if k != "command"}
-    config = load_config(params)
+    params = {k: v for k, v in vars(args).items() if k not in ("command", "print_config")}
+    sources: dict[str, str] = {}
+    config = load_config(params, sources=sources)
+    if args.print_config:
+        print_config(config, sources, sys.stdout)
+        return 0
     configure_logging(config.log_level, config.log_format)
     return _run_worker(config)
 
@@ -552,13 +605,31 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return code
 
 
+def _connection(args: argparse.Namespace) -> tuple[str, SecuritySettings]:
+    """Bootstrap servers and security settings of a command that talks to Kafka, from its
+    flags, STREAMER_* and --config, as ``streamer run`` reads them."""
+    from streamer.config import load_config
+
+    params = {n: getattr(args, n, None) for n in CONNECTION_OPTIONS}
+    params["config"] = getattr(args, "config", None)
+    config = load_config(params)
+    if config.bootstrap is None:
+        raise ConfigError(
+            "bootstrap",
+            None,
+            f"streamer {args.command} talks to Kafka: give --bootstrap, bootstrap in --config, "
+            "or STREAMER_BOOTSTRAP",
+        )
+    return config.bootstrap, config.security_settings()
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     from streamer.simulator import RandomRecords, produce, task_named
 
     if args.records < 0:
         raise ConfigError("records", args.records, "0 (forever) or a positive count")
-    if args.partitions < 1:
+    if args.partitions is not None and args.partitions < 1:
         raise ConfigError("partitions", args.partitions, "a positive integer")
     if args.schema is not None:
         from streamer.schema import Schema
@@ -566,9 +637,10 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         task: Task = RandomRecords(Schema.from_file(args.schema))
     else:
         task = task_named(args.task)
-    total = args.records if args.records > 0 else 2**62
+    bootstrap, security = _connection(args)
+    total = args.records or None  # 0: until Ctrl-C
     produce(
-        args.bootstrap,
+        bootstrap,
         args.topic,
         total,
         partitions=args.partitions,
@@ -577,6 +649,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         seed=args.seed,
         compression=args.compression,
         task=task,
+        security=security,
     )
     return 0
 
@@ -585,10 +658,17 @@ def _cmd_lag(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
     from consumers.admin import group_activity, group_lag
 
-    rows = group_lag(args.bootstrap, args.group, args.topic, isolation_level=args.isolation_level)
+    bootstrap, security = _connection(args)
+    rows = group_lag(
+        bootstrap,
+        args.group,
+        args.topic,
+        isolation_level=args.isolation_level,
+        security=security,
+    )
     note = None
     if all(r.committed is None for r in rows):
-        known = group_activity(args.bootstrap, args.group).known
+        known = group_activity(bootstrap, args.group, security=security).known
         what = "no committed offsets" + (f" on {args.topic}" if args.topic else "")
         note = f"group {args.group!r} has {what}" + ("" if known else " (unknown group)")
         if args.topic is None:
@@ -623,11 +703,12 @@ def _cmd_reset_group(args: argparse.Namespace) -> int:
     from streamer.replay import parse_bound
 
     position = parse_bound(args.reset_to, "to")
-    activity = group_activity(args.bootstrap, args.group)
+    bootstrap, security = _connection(args)
+    activity = group_activity(bootstrap, args.group, security=security)
     if activity.members:
         raise GroupActiveError(args.group, activity.members)
     settings = ConsumerSettings(
-        bootstrap_servers=args.bootstrap, topic=args.topic, group_id=args.group
+        bootstrap_servers=bootstrap, topic=args.topic, group_id=args.group, security=security
     )
     new = start_offsets(settings, position)
     current = {p: offset for p, (offset, _meta) in activity.committed_on(args.topic).items()}
@@ -638,7 +719,7 @@ def _cmd_reset_group(args: argparse.Namespace) -> int:
     if not args.execute:
         print("dry run: nothing changed; add --execute to commit these offsets")
         return 0
-    reset_group(args.bootstrap, args.group, args.topic, new)
+    reset_group(bootstrap, args.group, args.topic, new, security=security)
     print(
         f"committed: group {args.group!r} resumes {args.topic} at NEW (a worker with "
         "--checkpoint-dir resumes from its checkpoint instead: move it with --start-from)"

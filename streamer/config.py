@@ -279,9 +279,15 @@ class WorkerConfig(Options):
 
 
 def add_run_arguments(
-    parser: argparse.ArgumentParser, helps: Mapping[str, str] | None = None
+    parser: argparse.ArgumentParser,
+    helps: Mapping[str, str] | None = None,
+    *,
+    only: Sequence[str] | None = None,
 ) -> None:
-    """Add every option as a flag whose help shows its env var and default (no secret flags).
+    """Add every option (or those named in ``only``) as a flag whose help shows its env var,
+    TOML key and default (no secret flags). A bool option is a plain flag with its negation
+    (``--jit-compile`` / ``--no-jit-compile``); an enumeration lists its values and takes them
+    in any case.
 
     ``helps``: the whole help text of some options, instead of the generated one.
     """
@@ -289,20 +295,33 @@ def add_run_arguments(
     parser.add_argument(
         "--config",
         default=None,
+        metavar="FILE",
         help="TOML config file (keys = option names with underscores) [env STREAMER_CONFIG]",
     )
     groups: dict[str, Any] = {}
     for opt in OPTIONS:
+        if only is not None and opt.name not in only:
+            continue
         grp = groups.get(opt.group)
         if grp is None:
             grp = groups[opt.group] = parser.add_argument_group(opt.group)
         default = opt.shown or ("unset" if opt.default is None else opt.default)
+        if opt.kind is bool:
+            forms = f"env {opt.env}=true|false; TOML {opt.name} = true|false"
+            grp.add_argument(
+                opt.flag,
+                dest=opt.name,
+                default=None,
+                action=argparse.BooleanOptionalAction,
+                help=helps.get(opt.name, f"{opt.help} [{forms}; default: {str(default).lower()}]"),
+            )
+            continue
+        metavar = opt.name.upper() if opt.choices is None else "{" + ",".join(opt.choices) + "}"
         grp.add_argument(
             opt.flag,
             dest=opt.name,
             default=None,
-            metavar=opt.name.upper() if opt.choices is None else None,
-            choices=opt.choices,
+            metavar=metavar,
             help=helps.get(opt.name, f"{opt.help} [env {opt.env}; default: {default}]"),
         )
 
@@ -375,8 +394,12 @@ def load_config(
     env: Mapping[str, str] | None = None,
     *,
     replay: ReplaySpec | None = None,
+    sources: dict[str, str] | None = None,
 ) -> WorkerConfig:
     """Merge defaults < TOML file < STREAMER_* environment < flags into a WorkerConfig.
+
+    ``sources``: filled with where each option's value came from (``default``, the file's
+    path, the variable's name or the flag), for ``streamer run --print-config``.
 
     A ``replay`` takes the options of ``streamer.replay.FLAG_ONLY`` (a live worker's outputs)
     from ``args`` only; their values from the file or the environment are not used, and their
@@ -385,6 +408,7 @@ def load_config(
     env = os.environ if env is None else env
     flags = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args or {})
     values: dict[str, Any] = {o.name: o.default for o in OPTIONS}
+    came = dict.fromkeys(values, "default")
     config_path = flags.pop("config", None) or env.get("STREAMER_CONFIG")
     if config_path:
         try:
@@ -400,6 +424,7 @@ def load_config(
             if opt is None:
                 raise _unknown(key, sorted(_BY_NAME), f"key in {config_path}")
             values[key] = _convert(opt, value, config_path, typed=True)
+            came[key] = str(config_path)
     known_env = {o.env for o in OPTIONS} | set(SECRET_ENV) | {"STREAMER_CONFIG"}
     for key in env:
         if key.startswith(ENV_PREFIX) and key not in known_env:
@@ -407,6 +432,7 @@ def load_config(
     for opt in OPTIONS:
         if opt.env in env:
             values[opt.name] = _convert(opt, env[opt.env], opt.env)
+            came[opt.name] = opt.env
     if replay is not None:
         ignored = []
         for name, value in FLAG_ONLY.items():
@@ -419,11 +445,38 @@ def load_config(
     for key, value in flags.items():
         if key in _BY_NAME and value is not None:
             values[key] = _convert(_BY_NAME[key], value, _BY_NAME[key].flag)
+            came[key] = _BY_NAME[key].flag
     if replay is not None:
         values["group"] = replay.group or ""
     sasl = Secret.from_env_or_file("STREAMER_SASL_PASSWORD", "STREAMER_SASL_PASSWORD_FILE", env)
     ssl = Secret.from_env_or_file("STREAMER_SSL_PASSWORD", "STREAMER_SSL_PASSWORD_FILE", env)
+    if sources is not None:
+        sources.update(came)
+        for name, var in (
+            ("sasl_password", "STREAMER_SASL_PASSWORD"),
+            ("ssl_password", "STREAMER_SSL_PASSWORD"),
+        ):
+            if var in env or var + "_FILE" in env:
+                sources[name] = var if var in env else var + "_FILE"
     return WorkerConfig(**values, sasl_password=sasl, ssl_password=ssl, replay=replay)
+
+
+def print_config(config: WorkerConfig, sources: Mapping[str, str], out: Any) -> None:
+    """The effective settings, one per line: name, value and where it came from; secrets are
+    shown as *** (only whether they are set)."""
+    names = [o.name for o in OPTIONS] + ["sasl_password", "ssl_password"]
+    width = max(map(len, names))
+    for name in names:
+        value = getattr(config, name)
+        if name in ("sasl_password", "ssl_password"):
+            shown = "(unset)" if value is None else "***"
+        elif value is None:
+            shown = "(unset)"
+        elif isinstance(value, tuple):
+            shown = ",".join(map(str, value))
+        else:
+            shown = str(value)
+        print(f"{name:<{width}}  {shown:<24}  {sources.get(name, 'default')}", file=out)
 
 
 def option_names() -> Sequence[str]:

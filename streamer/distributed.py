@@ -427,6 +427,9 @@ class DistributedWorker:
             reason = self._loop()
             if self.source is not None and self.source.reject_limit is not None:
                 raise self.source.reject_limit
+            self._close_input()  # the consumers' last commits land before the final frame
+            self._status.maybe(self.step, self.loss, final=True)
+            self._status.end()
             log.info("stopped (%s) at step %d", reason, self.step)
             return cfg.peer_stop_exit_code if reason.startswith("another worker") else 0
         except PeerLostError as exc:
@@ -468,7 +471,7 @@ class DistributedWorker:
     def _rounds(self) -> str:
         cfg, topo, metrics = self.config, self.topology, self.metrics
         assert metrics is not None and self.source is not None
-        status = StatusLine(self.status_out, cfg.status_interval, metrics)
+        status = self._status = StatusLine(self.status_out, cfg.status_interval, metrics)
         commits = CommitSchedule(cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step)
         self._last_checkpoint = (self.step, time.monotonic())
         self.source.resume()
@@ -537,11 +540,10 @@ class DistributedWorker:
             elif self.checkpointer is None and (decision.stop or commits.due(self.step)):
                 self._commit(self.tracker.commit_points())
                 commits.done(self.step)
+            status.waited(batch.waited)
             status.maybe(self.step, self.loss)
             wait = should_wait(ctrl, mine=batch.real, full=batch.real == batch.size)
             if decision.stop is not None:
-                status.maybe(self.step, self.loss, force=True)
-                status.end()
                 return decision.stop
 
     def _after_step(self, batch: Batch, rows: int, applied: bool, seconds: float) -> None:
@@ -669,17 +671,25 @@ class DistributedWorker:
             closing.start()
             closing.join(_ABORT_CLOSE_S)
 
-    def _shutdown(self) -> None:
-        self.health.set_ready(False, "shutting down")
+    def _close_input(self) -> None:
+        """Stop the input reader and close the consumers (their commits are sent first)."""
         self._stop_wanted.set()
         self._reader_stop.set()
-        source = self.source
+        source, self.source = self.source, None
         if source is not None:
             source.stop()
         if self._reader is not None:
             self._reader.join(10.0)
+            self._reader = None
         if source is not None:
             source.close()
+
+    def _shutdown(self) -> None:
+        self.health.set_ready(False, "shutting down")
+        self._close_input()
+        status = getattr(self, "_status", None)
+        if status is not None:
+            status.end()
         if self.audit is not None:
             self.audit.close()
         if self.server is not None:

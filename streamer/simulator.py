@@ -16,6 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from consumers.block import RecordBlock
+from consumers.settings import SecuritySettings
 from streamer.schema import Schema
 
 __all__ = [
@@ -383,29 +384,42 @@ class SimulatedShard:
         self._closed.set()
 
 
-def _progress(out: IO[str], done: int, total: int, t0: float) -> None:
+#: Off a terminal, a progress line every this many seconds.
+_LOG_EVERY_S = 10.0
+
+
+def _progress(out: IO[str], done: int, total: int | None, t0: float) -> None:
+    """A terminal's live line: a bar for a bounded run, a count for one that runs forever."""
     elapsed = max(time.monotonic() - t0, 1e-6)
-    frac = done / total if total else 1.0
-    bar = "#" * int(frac * 30)
-    out.write(f"\r[{bar:<30}] {done:>10,}/{total:,} records  {done / elapsed:>10,.0f}/s")
+    if total:
+        bar = "#" * int(done / total * 30)
+        out.write(f"\r[{bar:<30}] {done:>10,}/{total:,} records  {done / elapsed:>10,.0f}/s")
+    else:
+        out.write(f"\r{done:>12,} records (until Ctrl-C)  {done / elapsed:>10,.0f}/s")
     out.flush()
 
 
 def produce(
     bootstrap_servers: str,
     topic: str,
-    records: int,
+    records: int | None,
     *,
-    partitions: int = 4,
+    partitions: int | None = 4,
     rate: float | None = None,
     record_bytes: int = 0,
     task: Task | None = None,
-    security: dict[str, Any] | None = None,
+    security: SecuritySettings | None = None,
     progress: IO[str] | None = None,
     seed: int = 0,
     compression: str | None = None,
 ) -> int:
-    """Create ``topic`` if missing and produce ``records`` records of ``task``; returns the count.
+    """Create ``topic`` if missing and produce ``records`` records of ``task`` (None: until
+    interrupted); returns the count sent.
+
+    ``partitions``: of a topic it creates (None: 4); a topic that exists with another count
+    is used as it is, with a warning. Progress: a live line on a terminal (``progress``, or
+    stderr when it is one), else a log line every 10 s; Ctrl-C flushes what was sent, logs a
+    summary and raises KeyboardInterrupt.
 
     ``compression`` is the producer's ``compression_type`` (gzip, snappy, lz4, zstd; None or
     "none": uncompressed batches).
@@ -417,8 +431,12 @@ def produce(
     from kafka.admin import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
+    from consumers.redact import protect
+
     task = task or SimulatorTask()
-    sec = security or {}
+    security = security or SecuritySettings()
+    protect(security)  # no password in the client libraries' log records, at any level
+    sec = security.kafka_config()
     admin = KafkaAdminClient(
         bootstrap_servers=bootstrap_servers, client_id="streamer-simulate", **sec
     )
@@ -426,12 +444,24 @@ def produce(
         if topic not in admin.list_topics():
             try:
                 admin.create_topics(
-                    {topic: {"num_partitions": partitions, "replication_factor": 1}},
+                    {topic: {"num_partitions": partitions or 4, "replication_factor": 1}},
                     wait_for_metadata=True,
                 )
-                log.info("created topic %s with %d partitions", topic, partitions)
+                log.info("created topic %s with %d partitions", topic, partitions or 4)
             except TopicAlreadyExistsError:
                 pass
+        elif partitions is not None:
+            found = admin.describe_topics([topic])
+            have = len(found[0].get("partitions") or []) if found else 0
+            if have and have != partitions:
+                log.warning(
+                    "topic %s exists with %d partitions: --partitions %d applies only to a "
+                    "topic this command creates (add partitions with kafka-topics.sh --alter "
+                    "--partitions N)",
+                    topic,
+                    have,
+                    partitions,
+                )
     finally:
         admin.close()
     producer = KafkaProducer(
@@ -449,9 +479,11 @@ def produce(
     t0 = time.monotonic()
     sent = 0
     chunk = 1000
+    logged = drawn = t0
+    interrupted = False
     try:
-        while sent < records:
-            n = min(chunk, records - sent)
+        while records is None or sent < records:
+            n = chunk if records is None else min(chunk, records - sent)
             if rate:
                 due = t0 + sent / rate
                 wait = due - time.monotonic()
@@ -461,12 +493,33 @@ def produce(
             for value in task.records(n, rng, record_bytes):
                 producer.send(topic, value=value)
             sent += n
-            if show is not None:
+            now = time.monotonic()
+            if show is not None and now - drawn >= 0.2:
+                drawn = now
                 _progress(show, sent, records, t0)
+            elif show is None and now - logged >= _LOG_EVERY_S:
+                logged = now
+                of = f" of {records:,}" if records else ""
+                log.info(
+                    "produced %s%s records to %s (%.0f/s)", f"{sent:,}", of, topic,
+                    sent / (now - t0),
+                )  # fmt: skip
         producer.flush(timeout=120)
+    except KeyboardInterrupt:
+        interrupted = True
+        raise
     finally:
-        producer.close(timeout=30)
+        producer.close(timeout=10 if interrupted else 30)  # sends what it holds first
         if show is not None:
+            _progress(show, sent, records, t0)
             show.write("\n")
-    log.info("produced %d records to %s in %.1fs", sent, topic, time.monotonic() - t0)
+        took = time.monotonic() - t0
+        log.info(
+            "%sproduced %s records to %s in %.1fs (%.0f/s)",
+            "interrupted (Ctrl-C): " if interrupted else "",
+            f"{sent:,}",
+            topic,
+            took,
+            sent / max(took, 1e-6),
+        )
     return sent

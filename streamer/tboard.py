@@ -47,6 +47,7 @@ class TrainingSummaries:
         self._t = time.monotonic()
         self._samples = 0
         self._wait = 0.0
+        self._idle = 0.0  # waits of a second or more: idle, not training time
 
     def scalars(self, step: int, values: Mapping[str, float]) -> None:
         with self._writer.as_default():
@@ -60,20 +61,23 @@ class TrainingSummaries:
     def observe(self, step: int, loss: float, samples: int, input_wait_seconds: float) -> None:
         self._samples += samples
         self._wait += input_wait_seconds
+        if input_wait_seconds >= 1.0:
+            self._idle += input_wait_seconds
         now = time.monotonic()
         elapsed = now - self._t
         if elapsed < self.interval:
             return
+        busy = max(elapsed - self._idle, 1e-9)  # samples/s over training time, as the status line
         self.scalars(
             step,
             {
                 "train/loss": loss,
-                "train/samples_per_second": self._samples / elapsed,
+                "train/samples_per_second": self._samples / busy,
                 "train/input_wait_fraction": min(1.0, self._wait / elapsed),
                 "kafka/consumer_lag_records": self._lag(),
             },
         )
-        self._t, self._samples, self._wait = now, 0, 0.0
+        self._t, self._samples, self._wait, self._idle = now, 0, 0.0, 0.0
 
     def train_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         """``train/metric/<name>``: the model's loss and compiled metrics over the last window

@@ -358,7 +358,7 @@ class Worker:
                 self._run_start_step,
             ):
                 self._export()  # a clean stop: the final model is served too
-            status.maybe(self.step, self.loss, force=True)
+            status.maybe(self.step, self.loss, final=True)
             status.end()
             log.info("stopped (%s) at step %d", self._stop_reason, self.step)
             return 0
@@ -433,6 +433,7 @@ class Worker:
                 self.step += 1
                 self._last_data = time.monotonic()
                 self._maybe_commit()
+                self._status.waited(t1 - t0)
                 self._status.maybe(self.step, self.loss)
                 self._after_step(n, t1 - t0)
                 if cfg.max_steps is not None and self.step >= cfg.max_steps:
@@ -640,6 +641,9 @@ class Worker:
     def _shutdown(self) -> None:
         self.health.set_ready(False, "shutting down")
         self._stopping.set()
+        status = getattr(self, "_status", None)
+        if status is not None:
+            status.end()  # idempotent: a terminal's live line ends with a newline
         if self.profiler is not None:
             self.profiler.finish()
         if self.evaluator is not None:
