@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -13,12 +14,51 @@ from streamer.tfstart import NO_GPU_NOISE, NOISE, nvidia_present
 from tests.streamer.test_replay import streamer
 
 
-def test_an_unknown_flag_shows_that_commands_usage() -> None:
+def test_an_unknown_flag_is_one_line_with_a_suggestion() -> None:
     for command, extra in (("run", []), ("replay", ["--from", "earliest", "--to", "latest"])):
         out = streamer(command, *extra, "--no-such-flag", "1", timeout=60)
         assert out.returncode == 2
-        assert out.stderr.startswith(f"usage: streamer {command} "), out.stderr[:300]
         assert f"streamer {command}: error: unrecognized arguments: --no-such-flag 1" in out.stderr
+        assert len(out.stderr.splitlines()) <= 2, out.stderr  # not 59 lines of usage
+    out = streamer("run", "--bootstrp", "127.0.0.1:1", timeout=60)
+    assert out.returncode == 2
+    assert "did you mean: --bootstrp -> --bootstrap?" in out.stderr, out.stderr
+
+
+def test_no_abbreviations_booleans_as_plain_flags_and_enums_in_any_case() -> None:
+    out = streamer("run", "--max-step", "10", timeout=60)
+    assert out.returncode == 2 and "--max-steps" in out.stderr, out.stderr
+    out = streamer(
+        "run", "--jit-compile", "--no-mixed-precision", "--log-level", "info",
+        "--auto-offset-reset", "LATEST", "--print-config", timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    assert rows["jit_compile"] == ["True", "--jit-compile"]
+    assert rows["mixed_precision"] == ["False", "--mixed-precision"]  # the flag pair
+    assert rows["log_level"] == ["INFO", "--log-level"]
+    assert rows["auto_offset_reset"] == ["latest", "--auto-offset-reset"]
+    help_text = " ".join(streamer("run", "--help", timeout=60).stdout.split())
+    assert "--jit-compile, --no-jit-compile" in help_text
+    assert "env STREAMER_JIT_COMPILE=true|false; TOML jit_compile = true|false" in help_text
+
+
+def test_print_config_shows_each_setting_and_where_it_came_from(tmp_path: Path) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text('topic = "from-file"\nshards = 3\n', encoding="utf-8")
+    out = streamer(
+        "run", "--config", str(config), "--shards", "5", "--print-config",
+        env={"STREAMER_BATCH_SIZE": "64", "STREAMER_SASL_PASSWORD": "hunter2-secret"},
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    assert rows["topic"] == ["from-file", str(config)]
+    assert rows["shards"] == ["5", "--shards"]
+    assert rows["batch_size"] == ["64", "STREAMER_BATCH_SIZE"]
+    assert rows["sasl_password"] == ["***", "STREAMER_SASL_PASSWORD"]
+    assert rows["learning_rate"] == ["0.001", "default"]
+    assert "hunter2-secret" not in out.stdout + out.stderr
 
 
 def test_replay_range_errors_exit_2_and_say_what_the_help_says() -> None:
@@ -100,3 +140,22 @@ def test_lag_of_an_unknown_group(kafka_bootstrap: str, make_topic: Callable[...,
         f"note: group '{group}' has no committed offsets on {topic} (unknown group): its lag is the whole topic"
         in out.stdout
     )
+
+
+@pytest.mark.kafka
+def test_lag_and_reset_group_read_the_connection_from_the_environment(
+    kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    """STREAMER_BOOTSTRAP (and --config) reach every command that talks to Kafka."""
+    topic = make_topic(1)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    env = {"STREAMER_BOOTSTRAP": kafka_bootstrap}
+    out = streamer("simulate", "--topic", topic, "--records", "50", env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "produced 50 records" in out.stderr  # off a terminal, a summary line
+    out = streamer("lag", "--group", group, "--topic", topic, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    out = streamer("reset-group", "--group", group, "--topic", topic, "--to", "latest", env=env)
+    assert out.returncode == 0 and "dry run" in out.stdout, out.stderr
+    out = streamer("lag", "--group", group, timeout=60)
+    assert out.returncode == 2 and "STREAMER_BOOTSTRAP" in out.stderr, out.stderr
