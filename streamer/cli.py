@@ -132,8 +132,14 @@ class _Parser(argparse.ArgumentParser):
 def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The ``streamer`` parser and each command's own (whose usage its errors show)."""
     from streamer import __version__
-    from streamer.config import add_run_arguments
-    from streamer.replay import COMMIT_METADATA, DESCRIPTION, RANGE_FORMS, RUN_OPTION_HELPS
+    from streamer.config import OPTIONS, add_run_arguments
+    from streamer.replay import (
+        COMMIT_METADATA,
+        DESCRIPTION,
+        NOT_FOR_REPLAY,
+        RANGE_FORMS,
+        RUN_OPTION_HELPS,
+    )
 
     parser = _Parser(
         prog="streamer",
@@ -203,7 +209,11 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="with --replay-group: commit even into a group that has members or a live "
         "worker's commits, overwriting the live worker's position (dangerous)",
     )
-    add_run_arguments(replay, RUN_OPTION_HELPS)
+    add_run_arguments(
+        replay, RUN_OPTION_HELPS, only=[o.name for o in OPTIONS if o.name not in NOT_FOR_REPLAY]
+    )
+    for name in ("group", "start_from"):  # refused by name, with what to use instead
+        replay.add_argument("--" + name.replace("_", "-"), dest=name, help=argparse.SUPPRESS)
 
     sim = sub.add_parser(
         "simulate",

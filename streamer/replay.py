@@ -26,6 +26,7 @@ __all__ = [
     "COMMIT_METADATA",
     "DESCRIPTION",
     "FLAG_ONLY",
+    "NOT_FOR_REPLAY",
     "MARKER_FILE",
     "RANGE_FORMS",
     "REPLAY_ONLY",
@@ -299,9 +300,33 @@ from flags, STREAMER_* variables or --config (bootstrap, topic, security, model,
 ...)."""
 
 #: The help of the run options that a replay treats differently (see DESCRIPTION).
+#: Options of `streamer run` that mean nothing to a replay: not in its --help. ``group`` and
+#: ``start_from`` are still parsed, to be refused with a pointer to what replay takes instead.
+NOT_FOR_REPLAY = (
+    "group",
+    "start_from",
+    "worker_id",
+    "pass_records",
+    "pass_seconds",
+    "stop_after_idle",
+    "commit_every_steps",
+    "commit_every_seconds",
+    "eval_topic",
+    "eval_every_steps",
+    "eval_every_seconds",
+    "eval_records",
+    "cluster_workers",
+    "worker_index",
+    "pad_after_seconds",
+    "peer_stop_exit_code",
+    "sim_partitions",
+    "sim_rate",
+    "sim_record_bytes",
+    "sim_task",
+    "stall_timeout",
+)
+
 RUN_OPTION_HELPS = {
-    "group": "not used by replay, which commits to no group (see --replay-group)",
-    "start_from": "not used by replay (see --from)",
     "checkpoint_dir": "write the replay's checkpoints here: a new directory or a replay's "
     "(only from this command line) [default: no checkpoints]",
     "export_dir": "export the replay's SavedModels here: a new directory or a replay's (only "

@@ -159,3 +159,17 @@ def test_lag_and_reset_group_read_the_connection_from_the_environment(
     assert out.returncode == 0 and "dry run" in out.stdout, out.stderr
     out = streamer("lag", "--group", group, timeout=60)
     assert out.returncode == 2 and "STREAMER_BOOTSTRAP" in out.stderr, out.stderr
+
+
+def test_replay_help_lists_only_what_replay_uses() -> None:
+    help_text = streamer("replay", "--help", timeout=60).stdout
+    for used in ("--from", "--to", "--checkpoint-dir", "--bootstrap", "--batch-size"):
+        assert used in help_text, used
+    for unused in (
+        "--eval-topic",
+        "--sim-rate",
+        "--stop-after-idle",
+        "--cluster-workers",
+        "--group ",
+    ):
+        assert unused not in help_text, unused
