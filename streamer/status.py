@@ -52,6 +52,7 @@ class StatusLine:
         self._start = self._last
         self._idle_total = 0.0
         self._frame = ""
+        self._shown = False  # the first step is always shown: where the loss starts
         if self.tty:
             global _active
             with _active_lock:
@@ -65,8 +66,9 @@ class StatusLine:
 
     def maybe(self, step: int, loss: float, force: bool = False, final: bool = False) -> None:
         now = self._clock()
-        if not force and not final and now - self._last < self.interval:
+        if not force and not final and self._shown and now - self._last < self.interval:
             return
+        self._shown = True
         snap = self.metrics.snapshot()
         samples = snap["samples_trained"]
         if final:  # the whole run over its training time: a true last frame
