@@ -49,7 +49,8 @@ class _Readiness(Protocol):
 def wait_for_topic(
     settings: ConsumerSettings,
     *,
-    attempts: int = 4,
+    attempts: int = 100,
+    broker_wait_s: float = 30.0,
     first_backoff_s: float = 1.0,
     max_backoff_s: float = 30.0,
     health: _Readiness | None = None,
@@ -61,10 +62,10 @@ def wait_for_topic(
 
     ``topic_ids``, if given, receives the topic's id (Kafka's UUID, where the broker sends it).
 
-    Bounded retries with exponential backoff while no broker answers: ``attempts`` probes of
-    up to ``settings.bootstrap_timeout_ms`` each (defaults: 4 x 10 s plus 1 + 2 + 4 s of
-    backoff, under a minute), then ``BrokerUnavailableError`` naming the bootstrap servers
-    (never credentials). A failed authentication or TLS handshake is raised at once
+    Bounded retries with exponential backoff while no broker answers: probes of up to
+    ``settings.bootstrap_timeout_ms`` each, 1 s doubling between them, for ``broker_wait_s``
+    seconds in all (default 30; at most ``attempts`` probes), then one ``BrokerUnavailableError``
+    naming the bootstrap servers (never credentials). Each retry is one INFO line. A failed authentication or TLS handshake is raised at once
     (``AuthenticationError``, ``TlsHandshakeError``): retrying would not help. A missing topic
     is waited for (not ready, backoff, one log line per attempt) for ``topic_wait_s`` seconds
     (default: forever), then ``TopicNotFoundError``.
@@ -75,24 +76,26 @@ def wait_for_topic(
     waited_topic = 0.0
     attempt = 0
     t0 = time.monotonic()
+    deadline = t0 + broker_wait_s
     while True:
         attempt += 1
+        remaining_ms = int((deadline - time.monotonic()) * 1000)
+        timeout_ms = max(1000, min(settings.bootstrap_timeout_ms, remaining_ms))
         try:
-            consumer = probe_consumer(
-                settings.bootstrap_servers, settings.security, settings.bootstrap_timeout_ms
-            )
+            consumer = probe_consumer(settings.bootstrap_servers, settings.security, timeout_ms)
         except BrokerUnavailableError as exc:
-            if attempt >= attempts:
+            if attempt >= attempts or time.monotonic() + backoff >= deadline:
                 raise BrokerUnavailableError(
                     settings.bootstrap_servers,
-                    f"gave up after {attempt} attempts in {time.monotonic() - t0:.0f}s",
+                    f"gave up after {attempt} attempts in {time.monotonic() - t0:.0f}s "
+                    f"(--broker-wait-seconds {broker_wait_s:g})",
                 ) from exc
-            log.warning(
-                "no Kafka broker answered at %s (attempt %d of %d); retrying in %.0fs",
+            log.info(
+                "no Kafka broker answered at %s (attempt %d); retrying in %.0fs, for %.0fs more",
                 settings.bootstrap_servers,
                 attempt,
-                attempts,
                 backoff,
+                max(0.0, deadline - time.monotonic()),
             )
             if health is not None:
                 health.set_ready(False, f"no broker at {settings.bootstrap_servers}")

@@ -63,6 +63,11 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # Whatever level a logger runs at, no Kafka secret reaches the output: the handler masks
     # the values the client adapters registered (consumers/redact.py) in every record.
     handler.addFilter(RedactingFilter())
+    # A broker that is down, unreachable or restarting makes kafka-python log every failed
+    # connection, backoff and lost coordinator (about 90 lines before the one error that
+    # says what happened). The worker reports those conditions itself (one line per retry
+    # at most, readiness, one final error): the library's transport lines are DEBUG.
+    handler.addFilter(_TransportNoise(logging.getLevelName(level)))
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
@@ -85,6 +90,51 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # "Metadata refresh: failed Cancelled": a consumer closed (every pass end, every
     # evaluation) while its metadata request was in flight. Not a failure.
     logging.getLogger("kafka.cluster").addFilter(_drop_cancelled_refresh)
+
+
+#: kafka-python's loggers of connections, bootstrap, metadata and the coordinator's
+#: connection: their WARNING/ERROR lines repeat what the worker reports once.
+_TRANSPORT_LOGGERS = (
+    "kafka.net",
+    "kafka.conn",
+    "kafka.client",
+    "kafka.cluster",
+    "kafka.protocol",
+)
+#: Lines of other kafka-python loggers that only say a connection dropped.
+_TRANSPORT_TEXT = (
+    "Node Disconnected",
+    "NodeNotReadyError",
+    "KafkaConnectionError",
+    "Connection lost",
+    "Cancelled",
+    "Marking the coordinator dead",
+    "NotCoordinatorError",
+    "CoordinatorNotAvailableError",
+    "Unable to bootstrap",
+)
+
+
+class _TransportNoise(logging.Filter):
+    """kafka-python's transport lines at DEBUG: shown only with --log-level DEBUG."""
+
+    def __init__(self, level: int | str) -> None:
+        super().__init__()
+        self.debug = level == logging.DEBUG or level == "DEBUG"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if not name.startswith("kafka") or record.levelno < logging.WARNING:
+            return True
+        transport = name.startswith(_TRANSPORT_LOGGERS) or any(
+            t in record.getMessage() for t in _TRANSPORT_TEXT
+        )
+        if not transport:
+            return True
+        if not self.debug:
+            return False
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
 
 
 def _drop_cancelled_refresh(record: logging.LogRecord) -> bool:

@@ -384,6 +384,21 @@ class SimulatedShard:
         self._closed.set()
 
 
+def _retried(call: Callable[[], Any], tries: int = 5) -> Any:
+    """An admin call, tried again when the node it went to has just died (a broker of a
+    cluster restarting): kafka-python raises instead of trying another node."""
+    from kafka.errors import KafkaConnectionError, NodeNotReadyError, RequestTimedOutError
+
+    for attempt in range(tries):
+        try:
+            return call()
+        except (KafkaConnectionError, NodeNotReadyError, RequestTimedOutError):
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    return None
+
+
 #: Off a terminal, a progress line every this many seconds.
 _LOG_EVERY_S = 10.0
 
@@ -431,27 +446,26 @@ def produce(
     from kafka.admin import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
-    from consumers.redact import protect
+    from consumers.clients.kafka_python import connect
 
     task = task or SimulatorTask()
     security = security or SecuritySettings()
-    protect(security)  # no password in the client libraries' log records, at any level
-    sec = security.kafka_config()
-    admin = KafkaAdminClient(
-        bootstrap_servers=bootstrap_servers, client_id="streamer-simulate", **sec
-    )
+    # Typed errors (BrokerUnavailableError, AuthenticationError) within 30 s, never a raw
+    # KafkaTimeoutError; no password in the client libraries' log records at any level.
+    admin = connect(KafkaAdminClient, bootstrap_servers, security, 30_000)
     try:
-        if topic not in admin.list_topics():
+        existing = _retried(admin.list_topics)
+        if topic not in existing:
             try:
                 admin.create_topics(
-                    {topic: {"num_partitions": partitions or 4, "replication_factor": 1}},
+                    {topic: {"num_partitions": partitions or 4, "replication_factor": -1}},
                     wait_for_metadata=True,
                 )
                 log.info("created topic %s with %d partitions", topic, partitions or 4)
             except TopicAlreadyExistsError:
                 pass
         elif partitions is not None:
-            found = admin.describe_topics([topic])
+            found = _retried(lambda: admin.describe_topics([topic]))
             have = len(found[0].get("partitions") or []) if found else 0
             if have and have != partitions:
                 log.warning(
@@ -464,15 +478,16 @@ def produce(
                 )
     finally:
         admin.close()
-    producer = KafkaProducer(
-        bootstrap_servers=bootstrap_servers,
-        client_id="streamer-simulate",
+    producer = connect(
+        KafkaProducer,
+        bootstrap_servers,
+        security,
+        30_000,
         acks="all",
         linger_ms=20,
         batch_size=512 * 1024,
         max_request_size=8 * 1024 * 1024,
         compression_type=None if compression in (None, "none") else compression,
-        **sec,
     )
     rng = np.random.default_rng(seed)
     show = progress if progress is not None else (sys.stderr if sys.stderr.isatty() else None)
