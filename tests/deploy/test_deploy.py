@@ -22,6 +22,7 @@ DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
 DOCKERIGNORE = DEPLOY / "docker" / "Dockerfile.dockerignore"
 COMPOSE = DEPLOY / "compose.yaml"
+COMPOSE_CLUSTER = DEPLOY / "compose-cluster.yaml"
 K8S = DEPLOY / "kubernetes"
 K8S_MW = K8S / "multiworker"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
@@ -339,6 +340,7 @@ def test_expected_files_exist() -> None:
         DOCKERFILE,
         DOCKERIGNORE,
         COMPOSE,
+        COMPOSE_CLUSTER,
         DEPLOY / "README.md",
         PROMETHEUS_DIR / "prometheus.yml",
         PROMETHEUS_DIR / "alerts.yml",
@@ -385,6 +387,35 @@ def test_compose_bind_mounts_and_build_exist() -> None:
             assert context == ROOT, f"compose service {name}: build context must be the repo root"
             dockerfile = context / build.get("dockerfile", "Dockerfile")
             assert dockerfile.resolve() == DOCKERFILE.resolve()
+
+
+def test_compose_cluster_is_three_voters_of_one_cluster() -> None:
+    """compose-cluster.yaml: node ids 1..3, one voters line naming every service's controller
+    port, one cluster id, replication 3 with min ISR 2, a distinct host port per node."""
+    services = _load_yaml(COMPOSE_CLUSTER)["services"]
+    assert len(services) == 3
+    envs = {name: service["environment"] for name, service in services.items()}
+    voters = {env["KAFKA_CONTROLLER_QUORUM_VOTERS"] for env in envs.values()}
+    assert len(voters) == 1
+    expected = ",".join(
+        f"{env['KAFKA_NODE_ID']}@{services[name]['hostname']}:9093" for name, env in envs.items()
+    )
+    assert voters == {expected}
+    assert sorted(env["KAFKA_NODE_ID"] for env in envs.values()) == [1, 2, 3]
+    assert len({env["CLUSTER_ID"] for env in envs.values()}) == 1
+    host_ports = set()
+    for name, env in envs.items():
+        assert env["KAFKA_DEFAULT_REPLICATION_FACTOR"] == 3
+        assert env["KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR"] == 3
+        assert env["KAFKA_MIN_INSYNC_REPLICAS"] == 2
+        (published,) = services[name]["ports"]
+        host, port, _container = published.split(":")
+        assert host == "127.0.0.1"
+        assert f"HOST://localhost:{port}" in env["KAFKA_ADVERTISED_LISTENERS"]
+        host_ports.add(port)
+        (mount,) = services[name]["volumes"]
+        assert mount.split(":")[0] in _load_yaml(COMPOSE_CLUSTER)["volumes"]
+    assert len(host_ports) == 3
 
 
 def test_compose_depends_on_known_services() -> None:

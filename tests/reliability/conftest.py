@@ -1,11 +1,14 @@
 """Fixtures: private Kafka brokers for the reliability tests (issue 6), never the shared one.
 
 Each broker is a separate ``deploy/local/kafka.sh`` instance with its own ``KAFKA_LOCAL_DIR``
-under ``tmp_path_factory`` (see brokers.py), stopped at the end of its scope.
+under ``tmp_path_factory`` (see brokers.py), stopped at the end of its scope. ``kafka_cluster``
+is a 3-node cluster of ``deploy/local/kafka-cluster.sh`` (see cluster.py), also in its own
+folder and on its own ports.
 """
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +22,9 @@ from tests.reliability.brokers import (
     make_certs,
     need_tools,
     serve,
+    unavailable,
 )
+from tests.reliability.cluster import ClusterError, KafkaCluster
 
 
 @pytest.fixture(scope="session")
@@ -82,3 +87,23 @@ def private_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Private
     need_tools("java", "bash")
     broker = PrivateBroker(tmp_path_factory.mktemp("kafka-faults"))
     yield from serve(broker)
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
+    """A 3-node KRaft cluster (RF 3, min ISR 2 by default) started once per module that asks for
+    it, stopped at its end. Tests may kill, stop, pause and restart nodes; a test that leaves a
+    node down should ``heal()`` it. A start failure fails the test in CI and skips it elsewhere.
+    """
+    need_tools("java", "bash", "python3")
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3)
+    try:
+        cluster.start()
+    except (ClusterError, OSError, subprocess.TimeoutExpired) as exc:
+        try:
+            cluster.stop()
+        except (ClusterError, OSError, subprocess.TimeoutExpired) as stop_exc:
+            print(f"stopping the half-started cluster: {stop_exc}")
+        unavailable(f"could not start the 3-node Kafka cluster: {exc}")
+    yield cluster
+    cluster.stop()  # the state folder (logs) stays under pytest's basetemp
