@@ -43,6 +43,8 @@ _STRATEGIES = ("range", "roundrobin", "cooperative-sticky")
 _PROTOCOLS_GROUP = ("classic", "consumer")
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+#: The smallest explicit max_batch_inflated_bytes (1 MiB: Kafka's default max.message.bytes).
+_MIN_INFLATE = 1 << 20
 _BOOTSTRAP_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
 
 
@@ -203,6 +205,9 @@ class ConsumerSettings:
     group_protocol: GroupProtocol = "classic"
     #: Stored with every offset commit (Kafka's offset metadata; shown by admin tools).
     commit_metadata: str = ""
+    #: The most bytes one record batch may inflate to (fetch limits count compressed bytes);
+    #: a batch past it is not inflated but skipped and reported. 0: ``inflate_bound``'s default.
+    max_batch_inflated_bytes: int = 0
     security: SecuritySettings = field(default_factory=SecuritySettings)
 
     def __post_init__(self) -> None:
@@ -266,6 +271,14 @@ class ConsumerSettings:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(name, value, "a positive integer")
+        if not isinstance(self.max_batch_inflated_bytes, int) or not (
+            self.max_batch_inflated_bytes == 0 or self.max_batch_inflated_bytes >= _MIN_INFLATE
+        ):
+            raise ConfigError(
+                "max_batch_inflated_bytes",
+                self.max_batch_inflated_bytes,
+                f"0 (twice fetch_max_bytes, at least 64 MiB) or at least {_MIN_INFLATE} bytes",
+            )
         if self.num_shards > 256:
             raise ConfigError("num_shards", self.num_shards, "at most 256")
         if self.heartbeat_interval_ms >= self.session_timeout_ms:
@@ -287,6 +300,16 @@ class ConsumerSettings:
     def commits(self) -> bool:
         """False for a group-less static consumer: it never commits."""
         return bool(self.group_id)
+
+    @property
+    def inflate_bound(self) -> int:
+        """The most bytes one record batch may inflate to: ``max_batch_inflated_bytes``, or
+        twice ``fetch_max_bytes`` and at least 64 MiB.
+
+        >>> ConsumerSettings(bootstrap_servers="h:9092", topic="t").inflate_bound
+        104857600
+        """
+        return self.max_batch_inflated_bytes or max(2 * self.fetch_max_bytes, 64 << 20)
 
     @property
     def queue_max_records(self) -> int:

@@ -365,6 +365,9 @@ class Shard:
                 self.hooks.on_error("authentication", exc)
                 raise
             backoff = 0.1
+            for refused in client.refused_batches():  # the client's position is past each
+                log.error("shard %d: %s", self.shard_index, refused)
+                self.hooks.on_error("batch_refused", StreamerError(str(refused)))
             self._emit(client, block, serial)
             stable = client.stable_offsets()
             if stable:

@@ -49,6 +49,7 @@ KafkaErrorType = Literal[
     "dead_letter",
     "rebalance_stuck",
     "stale_assignment",
+    "batch_refused",
     "other",
 ]
 QueueStage = Literal["shard", "prefetch", "dead_letter"]

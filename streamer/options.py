@@ -149,6 +149,14 @@ class Options:
         group="kafka",
         to="consumer.metadata_max_age_ms",
     )
+    max_batch_inflated_bytes: int = option(
+        0,
+        "the most bytes one record batch may inflate to; a batch past it (a decompression "
+        "bomb) is not inflated but skipped, logged and counted (kafka_errors_total"
+        '{type="batch_refused"}); 0: twice fetch_max_bytes, at least 64 MiB',
+        group="kafka",
+        to="consumer.max_batch_inflated_bytes",
+    )
     dead_letter_topic: str | None = option(
         None,
         "topic for records that fail to decode (unset: count and skip them); created at "

@@ -25,8 +25,10 @@ __all__ = [
     "NoCommittedOffset",
     "OffsetsOutOfRange",
     "RebalanceListener",
+    "RefusedBatch",
     "RetriableClientError",
     "ShardContext",
+    "UnreadableBatchError",
 ]
 
 ClientName = Literal["kafka-python", "confluent"]
@@ -67,6 +69,50 @@ class RetriableClientError(StreamerError):
     """``poll()`` failed in a way that waiting can fix (broker down, leader moving)."""
 
     retriable = True
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedBatch:
+    """A record batch the client did not inflate: it inflates past ``bound`` bytes.
+
+    Fetch limits count compressed bytes: one batch of ~1 MB can inflate to gigabytes (a
+    decompression bomb). The client skipped the batch (its position is past ``last_offset``);
+    its records are neither handed over nor trained, and the commit point moves past them.
+    """
+
+    topic: str
+    partition: int
+    base_offset: int
+    last_offset: int
+    #: The batch's compressed records, and how many records its header claims.
+    compressed_bytes: int
+    records: int
+    codec: str
+    bound: int
+
+    def __str__(self) -> str:
+        return (
+            f"record batch of {self.topic} partition {self.partition}, offsets "
+            f"{self.base_offset}-{self.last_offset} ({self.records} records, "
+            f"{self.compressed_bytes} bytes of {self.codec}), inflates past "
+            f"max_batch_inflated_bytes={self.bound} (--max-batch-inflated-bytes): skipped "
+            "without inflating it; its records are not trained and the commit moves past them "
+            "(a decompression bomb, or a producer batch larger than the bound)"
+        )
+
+
+class UnreadableBatchError(StreamerError):
+    """A record batch the client can neither inflate within the bound nor skip: stop loudly
+    rather than stall on it (or crash on it) for ever."""
+
+    def __init__(self, topic: str, partition: int, offset: int, detail: str) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        super().__init__(
+            f"the record batch at offset {offset} of {topic} partition {partition} cannot be "
+            f"read: {detail}"
+        )
 
 
 class RebalanceListener(Protocol):
@@ -117,6 +163,11 @@ class ConsumerClient(Protocol):
         Raises ``NoCommittedOffset``, ``OffsetsOutOfRange``, ``RetriableClientError``, and our
         ``FencedError`` / ``AuthenticationError``; anything else is a bug or fatal.
         """
+        ...
+
+    def refused_batches(self) -> list[RefusedBatch]:
+        """The record batches skipped since the last call for inflating past the bound
+        (``ConsumerSettings.inflate_bound``); the client's position is already past them."""
         ...
 
     def positions(self) -> dict[int, int]:

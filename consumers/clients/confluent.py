@@ -8,6 +8,13 @@ be set on the partitions passed to ``(incremental_)assign`` (a ``seek`` in the c
 ``position()`` is -1001 until a record or marker was read; the cached watermark is the high
 watermark, and the last stable offset comes with the statistics callback; fatal errors (a
 fenced static member) arrive as a message error with code ``_FATAL``.
+
+A batch librdkafka cannot inflate (zstd past ``receive.message.max.bytes``, which is set to the
+inflation bound; a corrupt batch) comes back as a ``_BAD_COMPRESSION`` error naming the batch's
+first offset only, and librdkafka fetches it again for ever. The adapter asks kafka-python
+where the batch ends (``kafka_python.probe_batch``, bounded too): past the bound it seeks past
+the batch and reports it as refused; otherwise it stops with ``UnreadableBatchError``.
+librdkafka inflates gzip, lz4 and snappy batches whole, without a bound.
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ from consumers.clients.base import (
     NoCommittedOffset,
     OffsetsOutOfRange,
     RebalanceListener,
+    RefusedBatch,
     RetriableClientError,
     ShardContext,
+    UnreadableBatchError,
 )
 from consumers.errors import (
     AuthenticationError,
@@ -64,6 +73,8 @@ _TIMESTAMP, _ERROR = ck.Message.timestamp, ck.Message.error
 _SECOND = itemgetter(1)
 #: With no partition assigned, how often the topic's existence is checked.
 _TOPIC_CHECK_S = 5.0
+#: The receive.message.max.bytes floors above the inflation bound already logged.
+_FLOORS_NOTED: set[int] = set()
 
 
 def security_config(security: SecuritySettings) -> dict[str, Any]:
@@ -114,6 +125,11 @@ def consumer_config(settings: ConsumerSettings, shard_index: int) -> dict[str, A
         "max.partition.fetch.bytes": settings.max_partition_fetch_bytes,
         # librdkafka prefetches up to this much per consumer (64 MiB by default).
         "queued.max.messages.kbytes": max(1024, settings.fetch_max_bytes // 1024),
+        # librdkafka's only bound on inflating a batch (zstd only); it must exceed
+        # fetch.max.bytes by 512 bytes, which is then the bound for zstd batches.
+        "receive.message.max.bytes": min(
+            max(settings.inflate_bound, settings.fetch_max_bytes + 512), 2**31 - 1
+        ),
         "metadata.max.age.ms": settings.metadata_max_age_ms,
         "socket.timeout.ms": settings.request_timeout_ms,
         "statistics.interval.ms": 1000 if settings.isolation_level == "read_committed" else 0,
@@ -143,6 +159,15 @@ def open_client(settings: ConsumerSettings, shard_index: int) -> ConfluentClient
     # librdkafka logs a refused connection at ERROR about 20 times a second while a broker is
     # down: at most WARNING, and each message once per 10 s (the shard says what it does).
     quiet("confluent_kafka", fold_numbers=True, max_level=logging.WARNING)
+    floor = settings.fetch_max_bytes + 512
+    if settings.inflate_bound < floor and floor not in _FLOORS_NOTED:
+        _FLOORS_NOTED.add(floor)
+        log.info(
+            "librdkafka inflates zstd batches up to receive.message.max.bytes=%d (its floor: "
+            "fetch_max_bytes + 512), more than max_batch_inflated_bytes=%d",
+            floor,
+            settings.inflate_bound,
+        )
     return ConfluentClient(settings, shard_index)
 
 
@@ -194,6 +219,12 @@ class ConfluentClient:
         self._topic_missing = False
         self._topic_checked = time.monotonic()
         self._partitions: frozenset[int] | None = None
+        #: Batches librdkafka could not inflate: {partition: (first offset, its error)}, the
+        #: batches skipped since the last ``refused_batches``, and per partition the offset
+        #: after the last one skipped (librdkafka's position is unknown after a seek).
+        self._unreadable: dict[int, tuple[int, str]] = {}
+        self._refused: list[RefusedBatch] = []
+        self._skipped: dict[int, int] = {}
         protect(settings.security)
         cfg = consumer_config(settings, shard_index)
         cfg.update(
@@ -225,6 +256,7 @@ class ConfluentClient:
         starts = starts or {}
         self.consumer.assign([self._tp(p, starts.get(p, _OFFSET_INVALID)) for p in partitions])
         self._assigned = set(partitions)
+        self._skipped.clear()
 
     def _on_assign(self, consumer: Any, tps: list[Any]) -> None:
         self._in_callback = True
@@ -232,6 +264,9 @@ class ConfluentClient:
             parts = [tp.partition for tp in tps]
             if not self._cooperative:
                 self._assigned = set()
+                self._skipped.clear()
+            for p in parts:
+                self._skipped.pop(p, None)
             self._assigned |= set(parts)
             self._assigned_once = True
             seeks = self._listener.assigned(parts) if self._listener is not None else {}
@@ -258,6 +293,8 @@ class ConfluentClient:
                 self._listener.revoked(parts, lost=lost)
             self._assigned -= set(parts)
             self._paused -= set(parts)
+            for p in parts:
+                self._skipped.pop(p, None)
             if self._cooperative:
                 consumer.incremental_unassign(tps)
             else:
@@ -341,6 +378,8 @@ class ConfluentClient:
             raise error
         if any(map(_ERROR, msgs)):
             msgs = self._take_errors(msgs)
+        if self._unreadable:
+            self._skip_unreadable()
         if not msgs:
             return None
         n = len(msgs)
@@ -383,6 +422,11 @@ class ConfluentClient:
                     self._pending = ClientFatalError("confluent-kafka", text)
             elif code in (ck.KafkaError.UNKNOWN_TOPIC_OR_PART, ck.KafkaError._UNKNOWN_TOPIC):
                 self._topic_missing = True
+            elif code == ck.KafkaError._BAD_COMPRESSION:
+                p, offset = m.partition(), m.offset()
+                # Once skipped, errors of the same batch still queued are stale.
+                if p in self._assigned and offset is not None and offset >= self._skipped.get(p, 0):
+                    self._unreadable.setdefault(p, (offset, error.str()))
             elif code == ck.KafkaError._MAX_POLL_EXCEEDED:
                 log.warning("shard %d: confluent-kafka: %s", self.shard_index, error.str())
             else:
@@ -393,13 +437,60 @@ class ConfluentClient:
             self._pending = NoCommittedOffset(no_offset)
         return good
 
+    def _skip_unreadable(self) -> None:
+        """Seek past each batch librdkafka could not inflate that inflates past the bound
+        (kafka-python says where it ends); any other is an ``UnreadableBatchError``."""
+        from consumers.clients.kafka_python import probe_batch
+
+        unreadable, self._unreadable = self._unreadable, {}
+        for p, (offset, text) in sorted(unreadable.items()):
+            try:
+                found = probe_batch(self.settings, p, offset)
+            except RetriableClientError as exc:
+                self._pending = self._pending or exc  # librdkafka reports the batch again
+                continue
+            except Exception as exc:  # kafka-python cannot inflate it either: corrupt
+                self._pending = self._pending or UnreadableBatchError(
+                    self.topic, p, offset, f"librdkafka: {text}; kafka-python: {exc}"
+                )
+                continue
+            if found is None:
+                self._pending = self._pending or UnreadableBatchError(
+                    self.topic,
+                    p,
+                    offset,
+                    f"librdkafka cannot inflate it ({text}) although it inflates within "
+                    f"max_batch_inflated_bytes={self.settings.inflate_bound}: librdkafka inflates "
+                    "a zstd batch that does not state its inflated size (the Java producer's) "
+                    "into guessed sizes, each 3 times the last, and gives up at the last below "
+                    "receive.message.max.bytes (the bound), which may be a third of it. Raise "
+                    "--max-batch-inflated-bytes to 3 times the batch's inflated size, or read "
+                    "the topic with --kafka-client kafka-python",
+                )
+                continue
+            if p not in self._assigned:
+                continue  # revoked meanwhile: its next owner meets the batch again
+            self.consumer.seek(self._tp(p, found.last_offset + 1))
+            self._skipped[p] = found.last_offset + 1
+            self._refused.append(found)
+
+    def refused_batches(self) -> list[RefusedBatch]:
+        refused, self._refused = self._refused, []
+        return refused
+
     # ---- positions -------------------------------------------------------------------------
 
     def positions(self) -> dict[int, int]:
         if not self._assigned:
             return {}
         found = self.consumer.position([self._tp(p) for p in sorted(self._assigned)])
-        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+        out = {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+        # After the seek past a refused batch librdkafka knows no position until a record
+        # comes: the skip is where the partition is (a commit may move there).
+        for p, skipped in self._skipped.items():
+            if p in self._assigned and skipped > out.get(p, -1):
+                out[p] = skipped
+        return out
 
     def highwaters(self) -> dict[int, int]:
         out: dict[int, int] = {}
@@ -446,9 +537,12 @@ class ConfluentClient:
         return set(self._paused)
 
     def seek(self, partition: int, offset: int) -> None:
+        self._skipped.pop(partition, None)
         self.consumer.seek(self._tp(partition, offset))
 
     def seek_to(self, partitions: list[int], where: Literal["earliest", "latest"]) -> None:
+        for p in partitions:
+            self._skipped.pop(p, None)
         # After an offset-reset error the partition stops fetching and a seek fails (_STATE):
         # assign it again from the chosen end. Incrementally where librdkafka allows it (no
         # group, or a cooperative one); an eager group takes the whole assignment, the other

@@ -32,6 +32,7 @@ from consumers.clients.base import (
     NoCommittedOffset,
     OffsetsOutOfRange,
     RebalanceListener,
+    RefusedBatch,
     RetriableClientError,
     ShardContext,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "connect",
     "consumer_config",
     "open_client",
+    "probe_batch",
     "probe_consumer",
     "quiet_logs",
     "read_values",
@@ -237,6 +239,47 @@ def probe_consumer(
     )
 
 
+def probe_batch(
+    settings: ConsumerSettings, partition: int, offset: int, *, timeout_s: float = 15.0
+) -> RefusedBatch | None:
+    """What kafka-python makes of the record batch at ``offset`` of ``partition``, inflating it
+    within ``settings.inflate_bound``: the ``RefusedBatch`` when it inflates past the bound,
+    None when it reads (records or markers).
+
+    For a client that cannot tell where a batch it could not inflate ends (librdkafka reports
+    only its first offset). The fetch asks for one byte per partition: the broker sends the
+    first batch whole and nothing after it (KIP-74). Raises ``RetriableClientError`` when no
+    answer came within ``timeout_s``, and kafka-python's error when the batch is corrupt.
+    """
+    protect(settings.security)
+    cfg = consumer_config(settings, 0)
+    for key in ("group_instance_id", "partition_assignment_strategy"):
+        cfg.pop(key, None)
+    cfg.update(group_id=None, client_id=f"{cfg['client_id']}-probe", max_partition_fetch_bytes=1)
+    try:
+        consumer = KafkaConsumer(**cfg)
+    except (kerrors.KafkaTimeoutError, kerrors.KafkaConnectionError) as exc:
+        raise RetriableClientError(f"reading the batch at offset {offset}: {exc}") from exc
+    refused: list[RefusedBatch] = []
+    try:
+        tp = TopicPartition(settings.topic, partition)
+        consumer.assign([tp])
+        consumer.seek(tp, offset)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with internals.bounded_inflation(settings.inflate_bound, refused):
+                polled = consumer.poll(timeout_ms=500)
+            for batch in refused:
+                if batch.partition == partition and batch.last_offset >= offset:
+                    return batch
+            position = internals.consumed_positions(consumer, settings.topic).get(partition)
+            if polled or (position is not None and position > offset):
+                return None
+    finally:
+        consumer.close(autocommit=False)
+    raise RetriableClientError(f"reading the batch at offset {offset}: no answer in {timeout_s}s")
+
+
 def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iterator[list[bytes]]:
     """The values of ``settings.partitions`` from their beginning, one list per poll, in a
     plain kafka-python loop without a group (the benchmark's reference for the client's cost)."""
@@ -317,6 +360,8 @@ class KafkaPythonClient:
         #: the stale-assignment check may ask the broker again.
         self._group_checked: frozenset[int] | None = None
         self._group_check_after = 0.0
+        #: Record batches that inflate past the bound, skipped (``internals.bounded_inflation``).
+        self._refused: list[RefusedBatch] = []
 
     def _tp(self, partition: int) -> TopicPartition:
         return TopicPartition(self.topic, partition)
@@ -387,7 +432,8 @@ class KafkaPythonClient:
             raise RetriableClientError(f"poll failed ({exc})") from exc
 
     def poll(self, timeout_ms: int, serial: int) -> RecordBlock | None:
-        with self._translated():
+        bound = self.settings.inflate_bound
+        with self._translated(), internals.bounded_inflation(bound, self._refused):
             polled = self.consumer.poll(timeout_ms=timeout_ms)
         values: list[bytes] = []
         partitions: list[int] = []
@@ -405,6 +451,10 @@ class KafkaPythonClient:
         if not values:
             return None
         return RecordBlock.from_columns(self.topic, values, partitions, offsets, timestamps, serial)
+
+    def refused_batches(self) -> list[RefusedBatch]:
+        refused, self._refused = self._refused, []
+        return refused
 
     # ---- positions -------------------------------------------------------------------------
 

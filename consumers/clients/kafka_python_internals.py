@@ -2,26 +2,38 @@
 
 kafka-python 3.0.12 leaves a few things a long-running consumer needs out of its public API:
 the consumed positions without a network round trip, the state of a group join, whether this
-member computed the group's assignment, the metadata cache's age, a topic's id, and the
-connection state of a failed login. Each function here degrades to a safe answer when the
+member computed the group's assignment, the metadata cache's age, a topic's id, the
+connection state of a failed login, and a bound on how far a record batch may inflate (its
+codecs inflate whole batches without one: ``bounded_inflation``, the only code here that
+replaces kafka-python methods). Each function here degrades to a safe answer when the
 attribute it reads is missing (another kafka-python version): the shard then loses only the
 workaround, never correctness of its commits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import re
 import ssl
+import struct
+import threading
+import zlib
+from collections.abc import Iterator
 from typing import Any
 
+import kafka.codec as kcodec
 import kafka.errors as kerrors
 from kafka.structs import MemberState
+
+from consumers.clients.base import RefusedBatch, UnreadableBatchError
 
 __all__ = [
     "AUTH_ERRORS",
     "FailureWatch",
     "await_join",
+    "bounded_inflation",
     "cached_partitions",
     "classify_failure",
     "consumed_positions",
@@ -277,3 +289,258 @@ def _lost_during_login(conn: object) -> bool:
         )
     except Exception:  # pragma: no cover - a kafka-python without these attributes
         return False
+
+
+# ---- bounded decompression -------------------------------------------------------------------
+#
+# kafka-python 3.0.12 inflates a compressed record batch whole, in one call of its codec
+# (``DefaultRecordBatch._maybe_uncompress``, ``LegacyRecordBatch._decompress``), and its fetch
+# limits count compressed bytes: one batch of 1 MB of zstd can inflate to gigabytes. Nothing
+# public bounds that, so ``bounded_inflation`` replaces those two methods (once per process):
+# inflation goes in chunks and stops one byte past the bound. A v2 batch past the bound
+# becomes an empty batch, which kafka-python's fetcher steps over as it does a compacted-away
+# one (its position moves to the batch's next offset), and is recorded as a ``RefusedBatch``.
+# A legacy (v0/v1) message set cannot be stepped over (the fetcher moves past records only):
+# past the bound it raises ``UnreadableBatchError``, as does a batch whose data does not
+# inflate at all (corrupt, or a zstd window past the codec's 128 MiB limit). Threads outside
+# ``bounded_inflation`` (the dead-letter and admin clients, tools) get kafka-python's own
+# behaviour.
+
+#: Inflated output is produced in pieces of this size: a refused batch costs the bound plus
+#: one piece at most.
+_PIECE = 1 << 20
+_GZIP, _SNAPPY, _LZ4, _ZSTD = 1, 2, 3, 4
+_CODEC_NAMES = {_GZIP: "gzip", _SNAPPY: "snappy", _LZ4: "lz4", _ZSTD: "zstd"}
+
+
+class _Reading(threading.local):
+    """What the thread reading record batches now is bounded by, and where refusals go."""
+
+    bound: int | None = None
+    refused: list[RefusedBatch] | None = None
+    topic = ""
+    partition = -1
+
+
+_reading = _Reading()
+_install_lock = threading.Lock()
+_installed = False
+
+
+@contextlib.contextmanager
+def bounded_inflation(bound: int, refused: list[RefusedBatch]) -> Iterator[None]:
+    """Within it, record batches this thread reads inflate to at most ``bound`` bytes each.
+
+    A batch past the bound is not inflated: kafka-python's position moves past it and it is
+    appended to ``refused``. Wrap every ``KafkaConsumer.poll`` of a shard in it.
+    """
+    _install()
+    saved = (_reading.bound, _reading.refused)
+    _reading.bound, _reading.refused = bound, refused
+    try:
+        yield
+    finally:
+        _reading.bound, _reading.refused = saved
+
+
+def _install() -> None:
+    global _installed
+    with _install_lock:
+        if _installed:
+            return
+        _installed = True
+        from kafka.consumer.fetcher import Fetcher
+        from kafka.record.default_records import DefaultRecordBatch
+        from kafka.record.legacy_records import LegacyRecordBatch
+
+        partition_records = getattr(Fetcher, "PartitionRecords", None)
+        unpack = getattr(partition_records, "_unpack_records", None)
+        if partition_records is not None and unpack is not None:
+
+            def _unpack_records(
+                self: Any, tp: Any, records: Any, key_des: Any, value_des: Any
+            ) -> Any:
+                return unpack(self, tp, _Batches(records, tp), key_des, value_des)
+
+            partition_records._unpack_records = _unpack_records
+        else:  # pragma: no cover - another kafka-python: refusals name no partition
+            log.warning("kafka-python without Fetcher.PartitionRecords._unpack_records")
+        uncompress = DefaultRecordBatch._maybe_uncompress
+        decompress = LegacyRecordBatch._decompress
+
+        def _maybe_uncompress(self: Any) -> None:
+            bound, codec = _reading.bound, self.compression_type
+            if bound is None or self._decompressed or codec not in _INFLATERS:
+                uncompress(self)
+                return
+            self._assert_has_codec(codec)
+            data = memoryview(self._buffer)[self._pos :]
+            try:
+                inflated = _inflate(codec, data, bound)
+            except Exception as exc:  # corrupt data: name the batch (kafka-python does not)
+                raise UnreadableBatchError(
+                    _reading.topic,
+                    _reading.partition,
+                    int(self.base_offset),
+                    f"{len(data)} bytes of {_CODEC_NAMES[codec]} that do not inflate ({exc!r})",
+                ) from exc
+            if inflated is None:
+                _refuse(self, len(data), codec, bound)
+                inflated = bytearray()
+                self._num_records = 0
+            data.release()
+            self._buffer, self._pos, self._decompressed = inflated, 0, True
+
+        def _decompress(self: Any, key_offset: int) -> Any:
+            bound, codec = _reading.bound, self.compression_type
+            if bound is None or codec not in _INFLATERS or (codec == _LZ4 and self._magic == 0):
+                return decompress(self, key_offset)
+            key_size = struct.unpack_from(">i", self._buffer, key_offset)[0]
+            pos = key_offset + 4 + max(key_size, 0)
+            value_size = struct.unpack_from(">i", self._buffer, pos)[0]
+            if value_size < 0:
+                return decompress(self, key_offset)  # raises CorruptRecordError
+            self._assert_has_codec(codec)
+            inflated = _inflate(codec, self._buffer[pos + 4 : pos + 4 + value_size], bound)
+            if inflated is None:
+                raise UnreadableBatchError(
+                    _reading.topic,
+                    _reading.partition,
+                    self._offset,
+                    f"a legacy (v0/v1) message set of {value_size} bytes of "
+                    f"{_CODEC_NAMES[codec]} inflates past max_batch_inflated_bytes={bound}, and "
+                    "kafka-python cannot skip a legacy message set (a decompression bomb, or a "
+                    "batch larger than the bound: raise --max-batch-inflated-bytes if it is "
+                    "genuine)",
+                )
+            return inflated
+
+        DefaultRecordBatch._maybe_uncompress = _maybe_uncompress
+        LegacyRecordBatch._decompress = _decompress
+
+
+class _Batches:
+    """A fetch's records (kafka-python's ``MemoryRecords``) that tell the thread which partition
+    the batch it hands out next is of: the batch inflates right after, before any other
+    partition's batch is read."""
+
+    __slots__ = ("_records", "_tp")
+
+    def __init__(self, records: Any, tp: Any) -> None:
+        self._records = records
+        self._tp = tp
+
+    def next_batch(self) -> Any:
+        _reading.topic, _reading.partition = self._tp.topic, self._tp.partition
+        return self._records.next_batch()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._records, name)
+
+
+def _refuse(batch: Any, compressed: int, codec: int, bound: int) -> None:
+    refused = RefusedBatch(
+        topic=_reading.topic,
+        partition=_reading.partition,
+        base_offset=int(batch.base_offset),
+        last_offset=int(batch.last_offset),
+        compressed_bytes=compressed,
+        records=int(batch.records_count),
+        codec=_CODEC_NAMES[codec],
+        bound=bound,
+    )
+    log.debug("refused to inflate %s", refused)
+    if _reading.refused is not None:
+        _reading.refused.append(refused)
+
+
+def _inflate(codec: int, data: Any, bound: int) -> bytearray | None:
+    """``data`` inflated with ``codec``, or None when that is more than ``bound`` bytes."""
+    inflated: bytearray | None = _INFLATERS[codec](data, bound)
+    return inflated
+
+
+def _gunzip(data: Any, bound: int) -> bytearray | None:
+    out = bytearray()
+    rest = bytes(data)
+    while rest:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        pending = rest
+        while not inflater.eof:
+            piece = inflater.decompress(pending, min(_PIECE, bound + 1 - len(out)))
+            out += piece
+            if len(out) > bound:
+                return None
+            pending = inflater.unconsumed_tail
+            if not pending and not piece and not inflater.eof:
+                raise EOFError("gzip: compressed data ended before the end-of-stream marker")
+        rest = inflater.unused_data.lstrip(b"\x00")  # gzip allows zero padding after a member
+    return out
+
+
+def _unzstd(data: Any, bound: int) -> bytearray | None:
+    out = bytearray()
+    decompressor = kcodec.zstd.ZstdDecompressor()
+    with decompressor.stream_reader(io.BytesIO(data), read_across_frames=True) as reader:
+        while piece := reader.read(min(_PIECE, bound + 1 - len(out))):
+            out += piece
+            if len(out) > bound:
+                return None
+    return out
+
+
+def _unlz4(data: Any, bound: int) -> bytearray | None:
+    out = bytearray()
+    pending = bytes(data)
+    inflater = kcodec.lz4.LZ4FrameDecompressor()
+    while True:
+        out += inflater.decompress(pending, max_length=min(_PIECE, bound + 1 - len(out)))
+        pending = b""
+        if len(out) > bound:
+            return None
+        if inflater.eof:
+            pending = inflater.unused_data
+            if not pending:
+                return out
+            inflater = kcodec.lz4.LZ4FrameDecompressor()
+        elif inflater.needs_input:
+            raise RuntimeError("lz4: compressed data ended before the end of the frame")
+
+
+def _unsnappy(data: Any, bound: int) -> bytearray | None:
+    """Snappy blocks state their inflated length first: add them up before inflating."""
+    payload = bytes(data)
+    total = 0
+    if kcodec._detect_xerial_stream(payload):  # blocks of [int32 size][snappy block]
+        cursor = 16
+        while cursor + 4 <= len(payload):
+            size = struct.unpack_from("!i", payload, cursor)[0]
+            total += _varint(payload, cursor + 4)
+            cursor += 4 + max(size, 0)
+    else:
+        total = _varint(payload, 0)
+    if total > bound:
+        return None
+    return bytearray(kcodec.snappy_decode(payload))
+
+
+def _varint(buf: bytes, pos: int) -> int:
+    """The little-endian base-128 length that opens a snappy block (0 if there is none)."""
+    value = shift = 0
+    for byte in buf[pos : pos + 5]:
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            break
+        shift += 7
+    return value
+
+
+#: The codecs inflated here; the others (lz4 through ``lz4f`` or ``lz4framed``) as kafka-python
+#: does, without a bound.
+_INFLATERS: dict[int, Any] = {_GZIP: _gunzip}
+if kcodec.snappy is not None:
+    _INFLATERS[_SNAPPY] = _unsnappy
+if getattr(kcodec.lz4, "LZ4FrameDecompressor", None) is not None:
+    _INFLATERS[_LZ4] = _unlz4
+if kcodec.zstd is not None:
+    _INFLATERS[_ZSTD] = _unzstd
