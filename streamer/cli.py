@@ -648,7 +648,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if not config.partitions:
         from consumers.admin import wait_for_topic
 
-        parts = wait_for_topic(config.consumer_settings(), attempts=3, topic_wait_s=0)
+        parts = wait_for_topic(
+            config.consumer_settings(), broker_wait_s=config.broker_wait_seconds, topic_wait_s=0
+        )
         config = dataclasses.replace(config, partitions=tuple(parts))
     check_replay_group(config.consumer_settings(), spec)
     if config.replay is not None and config.replay.ignored:

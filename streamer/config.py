@@ -97,6 +97,7 @@ class WorkerConfig(Options):
             "status_interval",
             "stall_timeout",
             "pad_after_seconds",
+            "broker_wait_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "a positive number of seconds")

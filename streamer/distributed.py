@@ -227,7 +227,11 @@ class DistributedWorker:
 
         ids: dict[str, str] = {}
         everything = wait_for_topic(
-            cfg.consumer_settings(), health=self.health, stop=self._stop_wanted, topic_ids=ids
+            cfg.consumer_settings(),
+            health=self.health,
+            stop=self._stop_wanted,
+            topic_ids=ids,
+            broker_wait_s=cfg.broker_wait_seconds,
         )
         if cfg.partitions:
             everything = sorted(set(everything) & set(cfg.partitions))

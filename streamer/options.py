@@ -157,6 +157,12 @@ class Options:
         group="kafka",
         to="consumer.max_batch_inflated_bytes",
     )
+    broker_wait_seconds: float = option(
+        30.0,
+        "at start-up, how long to wait for a broker to answer before one error (exit 1); "
+        "every command that talks to Kafka ends the same way",
+        group="kafka",
+    )
     dead_letter_topic: str | None = option(
         None,
         "topic for records that fail to decode (unset: count and skip them); created at "

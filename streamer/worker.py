@@ -194,7 +194,11 @@ class Worker:
 
             ids: dict[str, str] = {}
             partitions = wait_for_topic(
-                consumer, health=self.health, stop=self._stopping, topic_ids=ids
+                consumer,
+                health=self.health,
+                stop=self._stopping,
+                topic_ids=ids,
+                broker_wait_s=cfg.broker_wait_seconds,
             )
             self.topic_partitions = list(partitions)
             if cfg.replay is not None and not cfg.partitions:  # a replay reads them all

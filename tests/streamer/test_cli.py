@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -173,3 +174,33 @@ def test_replay_help_lists_only_what_replay_uses() -> None:
         "--group ",
     ):
         assert unused not in help_text, unused
+
+
+_OURS = re.compile(r"^\d{4}-\d\d-\d\d \S+ (WARNING|ERROR|CRITICAL) ")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--metrics-port", "0", "--broker-wait-seconds", "6"],
+        ["replay", "--from", "earliest", "--to", "latest", "--broker-wait-seconds", "6"],
+        ["simulate", "--topic", "t", "--records", "10"],
+        ["lag", "--group", "g"],
+        ["reset-group", "--group", "g", "--topic", "t", "--to", "earliest"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_no_broker_is_one_clear_error_in_bounded_time(command: list[str]) -> None:
+    """Every command that talks to Kafka, with nothing listening: exit 1 within its bound,
+    one error line that names the address, and no library noise before it."""
+    t0 = time.monotonic()
+    out = streamer(*command, "--bootstrap", "127.0.0.1:1", timeout=300)
+    took = time.monotonic() - t0
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = [x for x in out.stderr.splitlines() if _OURS.match(x) or x.startswith("streamer: ")]
+    final = [x for x in errors if "no Kafka broker answered at 127.0.0.1:1" in x]
+    assert final, out.stderr[-3000:]
+    assert len(errors) <= 2, errors  # the worker's ERROR line and the CLI's, at most
+    assert "Traceback" not in out.stderr and "kafka." not in out.stderr, out.stderr[-3000:]
+    assert took < 60, took
