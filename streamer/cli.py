@@ -112,6 +112,8 @@ _TRANSPORT_TEXT = (
     "NotCoordinatorError",
     "CoordinatorNotAvailableError",
     "Unable to bootstrap",
+    # A static member's heartbeat racing its own rejoin: the next heartbeat carries the new id.
+    "member_id was not recognized",
 )
 
 

@@ -82,6 +82,9 @@ _ASSIGNORS = {
 }
 #: How long one call waits for a group (re)join to finish (``internals.await_join``).
 _JOIN_WAIT_MS = 3000
+#: A stale-looking assignment must look the same this much later to be repaired: a new
+#: group's cooperative rebalance holds a partial assignment for a moment.
+_STALE_CONFIRM_S = 5.0
 #: How long the stale-assignment check waits before asking the broker again.
 _GROUP_CHECK_RETRY_S = 30.0
 #: read_committed: how often the last stable offsets are read (for lag), how long one read
@@ -360,6 +363,7 @@ class KafkaPythonClient:
         #: the stale-assignment check may ask the broker again.
         self._group_checked: frozenset[int] | None = None
         self._group_check_after = 0.0
+        self._stale_suspect: frozenset[int] | None = None  # seen once, to be confirmed
         #: Record batches that inflate past the bound, skipped (``internals.bounded_inflation``).
         self._refused: list[RefusedBatch] = []
 
@@ -391,7 +395,7 @@ class KafkaPythonClient:
 
     def repair_rejoin(self) -> None:
         if internals.repair_unfinished_join(self.consumer):
-            log.info(
+            log.debug(  # on most starts: a workaround of kafka-python's, not news
                 "shard %d: group join finished unattended (kafka-python); rejoining",
                 self.shard_index,
             )
@@ -607,9 +611,11 @@ class KafkaPythonClient:
             return
         self._group_check_after = now + _GROUP_CHECK_RETRY_S
         try:
-            # Commit what is done first: a repair drops this member's partitions uncommitted.
-            shard.flush_commits(5000)
-            check = rebalance_if_stale(self.settings, self.shard_index)
+            suspect = self._stale_suspect
+            if suspect is not None:
+                # Commit what is done first: a repair drops this member's partitions uncommitted.
+                shard.flush_commits(5000)
+            check = rebalance_if_stale(self.settings, self.shard_index, confirm=suspect)
         except Exception as exc:  # e.g. no DESCRIBE permission on the group
             log.warning(
                 "shard %d: could not compare group %r's assignment with topic %r (%s); "
@@ -623,7 +629,15 @@ class KafkaPythonClient:
             shard.report_error("other", exc)
             return
         if check.outcome == "busy":
+            self._stale_suspect = None
             return  # rebalancing already, or the topic is changing: ask again later
+        if check.outcome == "suspect":
+            # A new group assigns in steps (a cooperative rebalance revokes, then assigns):
+            # a partial assignment is normal for a moment. Only one that stays is stale.
+            self._stale_suspect = check.held
+            self._group_check_after = now + _STALE_CONFIRM_S
+            return
+        self._stale_suspect = None
         self._group_checked = cached
         if check.outcome == "repaired":
             log.warning(
@@ -647,16 +661,21 @@ class KafkaPythonClient:
 @dataclass(frozen=True)
 class GroupCheck:
     """What ``rebalance_if_stale`` found: ``outcome`` is ``"ok"`` (the group's assignment
-    matches the topic), ``"repaired"`` (it did not; the group was made to rebalance) or
-    ``"busy"`` (rebalancing already, or not readable: ask again later)."""
+    matches the topic), ``"repaired"`` (it did not, twice; the group was made to rebalance),
+    ``"suspect"`` (it did not, for the first time: ask again in a few seconds) or ``"busy"``
+    (rebalancing already, or not readable: ask again later)."""
 
-    outcome: Literal["ok", "repaired", "busy"]
+    outcome: Literal["ok", "repaired", "busy", "suspect"]
     held: frozenset[int] = frozenset()
     partitions: frozenset[int] = frozenset()
 
 
 def rebalance_if_stale(
-    settings: ConsumerSettings, shard_index: int, *, timeout_ms: int = 5_000
+    settings: ConsumerSettings,
+    shard_index: int,
+    *,
+    confirm: frozenset[int] | None = None,
+    timeout_ms: int = 5_000,
 ) -> GroupCheck:
     """Make the group rebalance when its stored assignment does not match the topic.
 
@@ -705,6 +724,8 @@ def rebalance_if_stale(
                     held.update(int(p) for p in entry.get("partitions") or [])
         if held == partitions:
             return GroupCheck("ok", frozenset(held), partitions)
+        if confirm is None or frozenset(held) != confirm:
+            return GroupCheck("suspect", frozenset(held), partitions)  # seen once: not yet
         instance = settings.group_instance_id(shard_index)
         result = admin.remove_group_members(
             settings.group_id,

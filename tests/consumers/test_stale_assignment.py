@@ -216,3 +216,26 @@ def test_a_recreated_topic_assigned_to_nobody_is_consumed_after_a_static_rejoin(
         assert hooks.kinds.count("stale_assignment") == 1, hooks.kinds
     finally:
         kafka_admin.delete_topics([topic])
+
+
+@pytest.mark.timeout(240)
+def test_a_new_group_joins_without_a_false_stale_assignment_or_an_extra_rebalance(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Any
+) -> None:
+    """A brand-new group assigns in steps (a cooperative rebalance revokes, then assigns): the
+    partial assignment of that moment is not taken for a stale one, and each shard is
+    assigned partitions once."""
+    from tests.workerutil import WorkerProcess, worker_args
+
+    topic = make_topic(4)
+    produce(kafka_bootstrap, topic, 4000, partitions=4)
+    group = f"fresh-{uuid.uuid4().hex[:8]}"
+    args = worker_args(kafka_bootstrap, topic, group, None, shards=4, stop_after_idle=6)
+    worker = WorkerProcess.start(args, tmp_path / "w.log")
+    assert worker.wait(180) == 0, worker.tail()
+    log = worker.log()
+    assert "assignment kept from before" not in log, log[-3000:]
+    assert "made the group rebalance" not in log
+    assert "WARNING" not in log, [x for x in log.splitlines() if "WARNING" in x]
+    for k in range(4):  # each member assigned once: no rebalance beyond the join's own
+        assert log.count(f"shard {k}: assigned partitions") == 1, log[-3000:]
