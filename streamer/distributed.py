@@ -23,8 +23,6 @@ import logging
 import os
 import queue
 import shutil
-import signal
-import sys
 import threading
 import time
 from typing import IO, Any
@@ -32,14 +30,13 @@ from typing import IO, Any
 import numpy as np
 import tensorflow as tf
 
-from consumers.errors import ConfigError, ModelDivergedError, PipelineError, StreamerError
-from streamer.breaker import capped
+from consumers.errors import ConfigError, PipelineError, StreamerError
 from streamer.checkpoint import Checkpointer
 from streamer.columns import flat_outputs, to_batch
 from streamer.commits import AuditLog, CommitSchedule
+from streamer.committer import Committer
 from streamer.config import WorkerConfig
-from streamer.health import Health, MetricsServer
-from streamer.metrics import Metrics
+from streamer.lifecycle import Lifecycle
 from streamer.model import load_model
 from streamer.multiworker import (
     Control,
@@ -52,14 +49,12 @@ from streamer.multiworker import (
     worker_partitions,
 )
 from streamer.mwms import ClusterStep, is_peer_loss, make_strategy, weights_digest
-from streamer.nonfinite import NonFiniteSteps, describe_offsets
 from streamer.offsets import OffsetTracker
 from streamer.padding import END, Batch, PaddedBatcher
 from streamer.position import StreamPosition
 from streamer.ragged import Column, RaggedColumn
-from streamer.signals import SignalWatch, StopOnSignal
+from streamer.runtime import dead_letter_writer, new_metrics, serve_metrics, stream_start
 from streamer.source import StreamSource
-from streamer.status import StatusLine
 
 __all__ = ["DistributedWorker", "PeerLostError", "check_config"]
 
@@ -119,6 +114,16 @@ def check_config(cfg: WorkerConfig, topology: Topology) -> None:
     ):
         if getattr(cfg, name) is not None:
             raise ConfigError(name, getattr(cfg, name), f"{topology.describe()}: {why}")
+    if cfg.start_from != "committed":
+        # Each worker would look its own partitions up, but the chief's checkpoint names every
+        # partition: a partition not read yet would be checkpointed at the old offset.
+        raise ConfigError(
+            "start_from",
+            cfg.start_from,
+            f"{topology.describe()}: not with several workers; move the group first "
+            "(streamer reset-group --to ..., with the checkpoint directory cleared), or train "
+            "the range with one worker (streamer replay)",
+        )
     if cfg.mixed_precision:
         raise ConfigError(
             "mixed_precision",
@@ -129,58 +134,30 @@ def check_config(cfg: WorkerConfig, topology: Topology) -> None:
         )
 
 
-class DistributedWorker:
+class DistributedWorker(Lifecycle):
     """One worker of a multi-worker cluster; ``run()`` returns the exit code.
 
     ``exit_now`` is True after ``run()`` when the process should end at once (a lost peer or
-    another failure: TensorFlow's collective runtime may keep it from exiting).
+    another failure: TensorFlow's collective runtime may keep it from exiting). The life it
+    shares with a worker of its own is ``streamer.lifecycle.Lifecycle``; the commit sequence
+    ``streamer.committer.Committer`` (with a cluster's save, ``_save``).
 
     >>> code = DistributedWorker(config, topology).run()   # doctest: +SKIP
     """
+
+    stop_plan = "every worker checkpoints at the next round, then exits"
 
     def __init__(
         self, config: WorkerConfig, topology: Topology, *, status_out: IO[str] | None = None
     ) -> None:
         check_config(config, topology)
-        self.config = config
+        super().__init__(config, status_out=status_out)
         self.topology = topology
-        self.status_out = status_out or sys.stderr
-        self.step = 0
-        self.loss = float("nan")
         self.exit_now = False
-        self.health = Health(config.stall_timeout)
-        self.metrics: Metrics | None = None
-        self.server: MetricsServer | None = None
-        self.checkpointer: Checkpointer | None = None
-        self.audit: AuditLog | None = None
-        self.source: StreamSource | None = None
-        self._stop_wanted = threading.Event()
-        self._stop_reason: str | None = None
-        self._finished = threading.Event()
-        self._signal_stop = StopOnSignal(
-            plan="every worker checkpoints at the next round, then exits",
-            stop=self.request_stop,
-            finished=self._finished,
-            timeout=config.shutdown_timeout,
-            log=log,
-        )
         self._reader: threading.Thread | None = None
         self._reader_stop = threading.Event()
         self.blocks: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_BLOCKS)
         self._formed = False
-        self._signal_watch: SignalWatch | None = None
-        self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
-
-    # ---- signals ----------------------------------------------------------------------------
-
-    def _on_signal(self, signum: int) -> None:
-        self._signal_stop(signum)
-
-    def request_stop(self, reason: str) -> None:
-        """Ask the cluster to stop: this worker says so in its next round's control vector."""
-        if self._stop_reason is None:
-            self._stop_reason = reason
-        self._stop_wanted.set()
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -193,25 +170,13 @@ class DistributedWorker:
             topo.source,
             topo.hosts[0],
         )
-        import kafka
 
         from consumers.admin import wait_for_topic
-        from streamer import __version__
 
         # Metrics and probes first (no TensorFlow op): forming the cluster waits for every
         # worker, and a probe should find this one alive meanwhile.
-        metrics = self.metrics = Metrics(
-            cfg.topic,
-            version=__version__,
-            tensorflow_version=tf.__version__,
-            kafka_python_version=kafka.__version__,
-        )
-        metrics.cluster_workers.set(topo.count)
-        if cfg.metrics_port:
-            self.server = MetricsServer(
-                metrics.registry, self.health, host=cfg.metrics_host, port=cfg.metrics_port
-            ).start()
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.server.port)
+        metrics = self.metrics = new_metrics(cfg, workers=topo.count)
+        self.server = serve_metrics(cfg, metrics, self.health)
         from streamer.tfstart import quiet_start
 
         with quiet_start():  # TensorFlow's runtime starts here: its start-up noise filtered
@@ -229,7 +194,7 @@ class DistributedWorker:
         everything = wait_for_topic(
             cfg.consumer_settings(),
             health=self.health,
-            stop=self._stop_wanted,
+            stop=self._stopping,
             topic_ids=ids,
             broker_wait_s=cfg.broker_wait_seconds,
         )
@@ -247,7 +212,8 @@ class DistributedWorker:
         self._mine = frozenset(self.partitions)
 
         restored = self._restore(ids.get(cfg.topic))
-        self.position = StreamPosition(restored)
+        start = stream_start(cfg, None, restored)  # --start-from is refused: the checkpoint's
+        self.position = StreamPosition(start.offsets)
         self.tracker = OffsetTracker()
         local = dataclasses.replace(
             cfg, partitions=tuple(self.partitions), shards=min(cfg.shards, len(self.partitions))
@@ -262,8 +228,10 @@ class DistributedWorker:
             tracker=self.tracker,
             metrics=metrics,
             health=self.health,
-            dead_letter=self._dead_letter(local, len(everything)),
-            restore_offsets=restored,
+            dead_letter=dead_letter_writer(
+                local, local.consumer_settings(), len(everything), self.tracker, metrics
+            ),
+            start=start,
         )
         self.dataset = self.source.flat_blocks()
         self.batcher = PaddedBatcher(self.schema, cfg.batch_size, pad_after=cfg.pad_after_seconds)
@@ -303,51 +271,18 @@ class DistributedWorker:
         )
         return mine
 
-    def _dead_letter(self, cfg: WorkerConfig, partitions: int) -> Any:
-        if not cfg.dead_letter_topic:
-            return None
-        from consumers.admin import ensure_topic
-        from streamer.deadletter import DeadLetterWriter
-
-        consumer = cfg.consumer_settings()
-        sized = ensure_topic(
-            consumer,
-            cfg.dead_letter_topic,
-            partitions=partitions,
-            replication_factor=cfg.dead_letter_replication_factor,
-        )
-        metrics = self.metrics
-        assert metrics is not None
-
-        def done(p: int, o: int) -> None:
-            self.tracker.ack(np.array([p], np.int32), np.array([o], np.int64))
-            metrics.observe_dead_lettered(1)
-
-        return DeadLetterWriter(
-            cfg.bootstrap or "",
-            cfg.dead_letter_topic,
-            on_done=done,
-            on_failure=lambda _exc: metrics.kafka_error("dead_letter"),
-            security=consumer.security.kafka_config(),
-            max_message_bytes=sized.max_message_bytes,
-            max_record_bytes=sized.source_max_message_bytes,
-        )
-
     def _throwaway_dir(self) -> str:
         assert self.config.checkpoint_dir is not None
         return os.path.join(self.config.checkpoint_dir, f"workertemp_{self.topology.index}")
 
     def _watch(self) -> None:
         """Every second: readiness (cluster formed, partitions assigned) and queue depths."""
-        cfg = self.config
-        capacity = cfg.shards * cfg.queue_max_blocks * cfg.max_poll_records
         while not self._finished.wait(1.0):
-            source, metrics = self.source, self.metrics
-            if source is None or metrics is None:
+            source = self.source
+            if source is None:
                 continue
-            metrics.set_queue("shard", source.queued_records(), capacity)
-            metrics.set_queue("prefetch", self.tracker.in_flight(), 0)
-            if self._stop_wanted.is_set():
+            self.watch_queues()
+            if self._stopping.is_set():
                 continue
             assigned = source.assigned_partitions()
             if not self._formed:
@@ -410,56 +345,46 @@ class DistributedWorker:
 
     # ---- the loop ---------------------------------------------------------------------------
 
-    def run(self) -> int:
+    def _run(self) -> int:
         cfg = self.config
-        watch: SignalWatch | None = None
-        if threading.current_thread() is threading.main_thread():
-            watch = SignalWatch(self._on_signal, (signal.SIGTERM, signal.SIGINT))
-        self._signal_watch = watch
-        try:
-            self._build()
-            log.info(
-                "worker %s starting at step %d: cluster=%d/%d chief=%s partitions=%s %s",
-                cfg.worker_id,
-                self.step,
-                self.topology.index,
-                self.topology.count,
-                "yes" if self.topology.chief else "no",
-                ",".join(map(str, self.partitions)),
-                _describe(cfg),
-            )
-            reason = self._loop()
-            if self.source is not None and self.source.reject_limit is not None:
-                raise self.source.reject_limit
-            self._close_input()  # the consumers' last commits land before the final frame
-            self._status.maybe(self.step, self.loss, final=True)
-            self._status.end()
-            log.info("stopped (%s) at step %d", reason, self.step)
-            return cfg.peer_stop_exit_code if reason.startswith("another worker") else 0
-        except PeerLostError as exc:
-            log.error("%s", exc)
-            self.exit_now = True
+        self._build()
+        log.info(
+            "worker %s starting at step %d: cluster=%d/%d chief=%s partitions=%s %s",
+            cfg.worker_id,
+            self.step,
+            self.topology.index,
+            self.topology.count,
+            "yes" if self.topology.chief else "no",
+            ",".join(map(str, self.partitions)),
+            _describe(cfg),
+        )
+        reason = self._loop()
+        if self.source is not None and self.source.reject_limit is not None:
+            raise self.source.reject_limit
+        self._close_input()  # the consumers' last commits land before the final frame
+        if self.status is not None:
+            self.status.maybe(self.step, self.loss, final=True)
+            self.status.end()
+        log.info("stopped (%s) at step %d", reason, self.step)
+        return cfg.peer_stop_exit_code if reason.startswith("another worker") else 0
+
+    def _failed(self, exc: StreamerError) -> int:
+        self.exit_now = True  # peers must not wait in a collective for this worker
+        if isinstance(exc, PeerLostError):
             # Closing the consumers is worth a moment, never a hang.
             deadline = threading.Timer(_ABORT_CLEANUP_S, os._exit, args=(1,))
             deadline.daemon = True
             deadline.start()
             self._abandon()
             return 1
-        except StreamerError as exc:  # ConfigError: 2; README: exit codes
-            log.error("%s", exc)
-            self.exit_now = True
-            return exc.exit_code
-        except Exception:
-            # A bug or an unexpected library error: the peers must not wait in a collective
-            # for this worker, so it ends like a lost peer would (exit_now).
-            log.exception("%s: worker failed", self.topology.describe())
-            self.exit_now = True
-            return 1
-        finally:
-            self._shutdown()
-            self._finished.set()
-            if watch is not None:
-                watch.close()
+        return exc.exit_code
+
+    def _crashed(self, exc: Exception) -> int:
+        # A bug or an unexpected library error: the peers must not wait in a collective for
+        # this worker, so it ends like a lost peer would (exit_now).
+        log.error("%s: worker failed", self.topology.describe(), exc_info=exc)
+        self.exit_now = True
+        return 1
 
     def _peer_lost(self, exc: tf.errors.OpError) -> StreamerError:
         if not is_peer_loss(exc):
@@ -475,8 +400,22 @@ class DistributedWorker:
     def _rounds(self) -> str:
         cfg, topo, metrics = self.config, self.topology, self.metrics
         assert metrics is not None and self.source is not None
-        status = self._status = StatusLine(self.status_out, cfg.status_interval, metrics)
-        commits = CommitSchedule(cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step)
+        status = self.new_status()
+        committer = Committer(
+            self.source,
+            self.tracker,
+            self.position,
+            metrics,
+            commits=CommitSchedule(
+                cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
+            ),
+            # The rounds decide when (a step count or the chief's clock, all-reduced).
+            checkpoints=None
+            if self.checkpointer is None
+            else CommitSchedule(cfg.checkpoint_every_steps, 10.0**9, step=self.step),
+            save=None if self.checkpointer is None else self._save,
+            audit=self.audit,
+        )
         self._last_checkpoint = (self.step, time.monotonic())
         self.source.resume()
         self.source.begin_pass()
@@ -499,9 +438,9 @@ class DistributedWorker:
                 and self.checkpointer is not None
                 and now - self._last_checkpoint[1] >= cfg.checkpoint_every_seconds
             )
-            if self.source.reject_limit is not None and not self._stop_wanted.is_set():
+            if self.source.reject_limit is not None and not self._stopping.is_set():
                 self.request_stop("the reject breaker tripped")
-            stop_here = self._stop_wanted.is_set()  # what this worker says, and why, once
+            stop_here = self._stopping.is_set()  # what this worker says, and why, once
             ctrl = self.steps.sync(
                 Control.local(
                     real=batch.real,
@@ -540,10 +479,9 @@ class DistributedWorker:
             if decision.stop is not None and self.source.reject_limit is None:
                 self.source.settle_rejects()  # a clean stop: the rejects so far are judged
             if decision.checkpoint and self.checkpointer is not None:
-                self._checkpoint()
-            elif self.checkpointer is None and (decision.stop or commits.due(self.step)):
-                self._commit(self.tracker.commit_points())
-                commits.done(self.step)
+                committer.checkpoint(self.step)
+            elif self.checkpointer is None and (decision.stop or committer.commits.due(self.step)):
+                committer.commit(committer.done_points(), self.step)
             status.waited(batch.waited)
             status.maybe(self.step, self.loss)
             wait = should_wait(ctrl, mine=batch.real, full=batch.real == batch.size)
@@ -559,27 +497,9 @@ class DistributedWorker:
         assert metrics is not None
         part, off, ts = batch.metadata()
         if rows and not applied:
-            metrics.observe_nonfinite_step()
-            stop = self.nonfinite.skipped(part, off)
-            log.warning(
-                "step %d: loss or a gradient not finite on some worker: update skipped on "
-                "every worker (this worker's %d records, partition:offsets %s); %d in a row, "
-                "the cluster stops at %d",
-                self.step + 1,
-                len(off),
-                describe_offsets(part, off) or "-",
-                self.nonfinite.in_a_row,
-                self.config.max_nonfinite_steps,
-            )
-            if stop:
-                raise ModelDivergedError(
-                    f"{self.nonfinite.in_a_row} steps in a row had a non-finite loss or "
-                    f"gradients (the last at step {self.step + 1})",
-                    self.checkpointer.latest if self.checkpointer is not None else None,
-                )
+            self.skipped_step(part, off, everywhere=True)
         elif rows:
-            for held_part, held_off in self.nonfinite.applied():
-                self.tracker.ack(held_part, held_off)
+            self.applied_step(self.tracker.ack)
         if batch.real and applied:
             if self.audit is not None:
                 self.audit.add(part, off)
@@ -597,32 +517,28 @@ class DistributedWorker:
 
     # ---- checkpoints and commits --------------------------------------------------------------
 
-    def _checkpoint(self) -> None:
-        """Every worker at the same round: offsets all-reduced, the chief's checkpoint written
-        (throwaway copies elsewhere), then each worker commits its own partitions."""
-        assert self.checkpointer is not None and self.metrics is not None
-        assert self.source is not None
-        current = capped(
-            self.position.current(self.tracker.commit_points()), self.source.commit_caps()
-        )
-        mine = {p: o for p, o in current.items() if p in self._mine}
+    def _save(self, step: int, positions: dict[int, int]) -> dict[int, int] | None:
+        """Every worker at the same round: offsets all-reduced (each fills its own), the
+        chief's checkpoint written (throwaway copies elsewhere, as MWMS needs every worker
+        to save); returns this worker's partitions' offsets to commit, or None when a save
+        failed anywhere."""
+        assert self.checkpointer is not None
+        mine = {p: o for p, o in positions.items() if p in self._mine}
         offsets = offsets_from_vector(self.steps.sync(offsets_vector(mine, self.num_partitions)))
-        if self.audit is not None:
-            self.audit.flush()
         self.health.beat("trainer")
         path = ""
         try:
             if self.topology.chief:
-                path = self.checkpointer.save(self.step, offsets)
+                path = self.checkpointer.save(step, offsets)
             else:
                 path = self.checkpointer.write_copy(
-                    os.path.join(self._throwaway_dir(), f"ckpt-{self.step}"), self.step, offsets
+                    os.path.join(self._throwaway_dir(), f"ckpt-{step}"), step, offsets
                 )
             ok = True
         except (OSError, tf.errors.OpError) as exc:
             # A save is local (no collective): a full or read-only volume is this worker's
             # failure, not a lost peer. A peer that is really gone shows at the sync below.
-            log.error("checkpoint at step %d failed: %s", self.step, exc)
+            log.error("checkpoint at step %d failed: %s", step, exc)
             ok = False
         finally:
             if not self.topology.chief:
@@ -630,39 +546,25 @@ class DistributedWorker:
         saved = round(float(self.steps.sync(np.array([float(ok)], np.float32))[0]))
         self.health.beat("trainer")
         if saved < self.topology.count:
-            self.metrics.checkpoint(False, time.time())
             log.error(
                 "checkpoint at step %d failed on %d of %d workers: nothing committed",
-                self.step,
+                step,
                 self.topology.count - saved,
                 self.topology.count,
             )
-            return
-        self.metrics.checkpoint(True, time.time())
+            return None
         log.info(
-            "checkpoint %s at step %d weights %s",
-            path,
-            self.step,
-            weights_digest(self.bundle.model),
+            "checkpoint %s at step %d weights %s", path, step, weights_digest(self.bundle.model)
         )
-        self._last_checkpoint = (self.step, time.monotonic())
-        # Kafka commits follow the checkpoint: the checkpoint is the source of truth.
-        self._commit({p: o for p, o in offsets.items() if p in self._mine})
-
-    def _commit(self, points: dict[int, int]) -> None:
-        assert self.source is not None
-        points = capped(points, self.source.commit_caps())  # rejects not judged yet
-        if self.audit is not None:
-            self.audit.flush()
-        self.source.commit(points)
-        self.position.commit(points)
+        self._last_checkpoint = (step, time.monotonic())
+        return {p: o for p, o in offsets.items() if p in self._mine}
 
     # ---- shutdown -----------------------------------------------------------------------------
 
     def _abandon(self) -> None:
         """A lost peer: the input pipeline may never stop cleanly now (TensorFlow aborted its
         collectives); keep what is written, close the consumers for a moment at most."""
-        self._stop_wanted.set()
+        self._stopping.set()
         self._reader_stop.set()
         self._reader = None  # not joined
         if self.audit is not None:
@@ -677,7 +579,6 @@ class DistributedWorker:
 
     def _close_input(self) -> None:
         """Stop the input reader and close the consumers (their commits are sent first)."""
-        self._stop_wanted.set()
         self._reader_stop.set()
         source, self.source = self.source, None
         if source is not None:
@@ -687,17 +588,6 @@ class DistributedWorker:
             self._reader = None
         if source is not None:
             source.close()
-
-    def _shutdown(self) -> None:
-        self.health.set_ready(False, "shutting down")
-        self._close_input()
-        status = getattr(self, "_status", None)
-        if status is not None:
-            status.end()
-        if self.audit is not None:
-            self.audit.close()
-        if self.server is not None:
-            self.server.close()
 
 
 def _describe(cfg: WorkerConfig) -> str:

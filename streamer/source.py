@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -45,8 +46,9 @@ __all__ = [
     "PipelineSettings",
     "ShardLike",
     "StreamSource",
-    "build_dataset",
+    "StreamStart",
     "position_text",
+    "resolve_start",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,9 +84,11 @@ class StreamSource:
         metrics: Metrics | None = None,
         health: Health | None = None,
         dead_letter: DeadLetterWriter | None = None,
-        restore_offsets: dict[int, int] | None = None,
+        start: StreamStart | None = None,
         topic: str | None = None,
     ) -> None:
+        """No I/O here: where the stream starts (``start``) was resolved before
+        (``resolve_start``; ``StreamSource.open`` does both)."""
         self.schema = schema
         self.settings = settings or PipelineSettings()
         if shard_factory is None:
@@ -101,27 +105,17 @@ class StreamSource:
         self.health = health
         self.dead_letter = dead_letter
         self._lock = threading.Lock()
-        restore = dict(restore_offsets or {})
-        reason = "checkpoint"
-        if self.settings.start_from != "committed":
-            if consumer is None:
-                log.warning(
-                    "--start-from %s ignored: the simulator has no stored stream",
-                    self.settings.start_from,
+        if start is None:
+            if self.settings.start_from != "committed" or self.settings.stop_at is not None:
+                raise ValueError(
+                    "a start or stop position needs its offsets looked up first: build the "
+                    "source with StreamSource.open(...), or pass start=resolve_start(...)"
                 )
-            else:
-                from consumers.positions import start_offsets
-
-                # An explicit start position for this run wins over the checkpoint's offsets.
-                restore = start_offsets(consumer, self.settings.start_from)
-                where = position_text(self.settings.start_from)
-                replay = self.settings.stop_at is not None
-                reason = f"replay --from {where}" if replay else f"--start-from {where}"
-        stop_offsets = None
-        if self.settings.stop_at is not None and consumer is not None:
-            from consumers.positions import start_offsets
-
-            stop_offsets = start_offsets(consumer, self.settings.stop_at)
+            start = StreamStart()
+        self.start = start
+        restore = dict(start.offsets)
+        reason = start.reason
+        stop_offsets = start.stop
         #: Where this source's partitions start (a checkpoint's offsets, or --start-from's).
         self.start_offsets: dict[int, int] = dict(restore)
         self.router = ShardRouter(
@@ -163,6 +157,24 @@ class StreamSource:
         self.records_emitted = 0
         self.failure: BaseException | None = None
         self._names = [f.name for f in schema.features]
+
+    @classmethod
+    def open(
+        cls,
+        schema: Schema,
+        settings: PipelineSettings,
+        *,
+        consumer: ConsumerSettings,
+        restored: dict[int, int] | None = None,
+        **kwargs: Any,
+    ) -> StreamSource:
+        """Resolve where the stream starts (a network look-up for ``--start-from`` or a
+        replay's range), then build the source.
+
+        >>> source = StreamSource.open(schema, PipelineSettings(start_from="latest"), consumer=cs)  # doctest: +SKIP
+        """
+        start = resolve_start(settings, consumer, restored)
+        return cls(schema, settings, consumer=consumer, start=start, **kwargs)
 
     def _new_barrier(self) -> JoinBarrier:
         heartbeat_s = (self.consumer.heartbeat_interval_ms if self.consumer else 1000) / 1000
@@ -491,19 +503,48 @@ class StreamSource:
         self.rejects.close()
 
 
-def build_dataset(
-    schema: Schema,
-    settings: PipelineSettings | None = None,
-    *,
-    consumer: ConsumerSettings | None = None,
-    **kwargs: Any,
-) -> tuple[tf.data.Dataset, StreamSource]:
-    """One call from settings and schema to the batched dataset (and its source, for commits).
+@dataclass(frozen=True, slots=True)
+class StreamStart:
+    """Where a source's partitions start and why (``reason``, for the seek log lines), and a
+    replay's stop offsets; resolved once, before the source is built."""
 
-    >>> ds, source = build_dataset(schema, PipelineSettings(num_shards=4), consumer=settings)  # doctest: +SKIP
+    offsets: dict[int, int] = field(default_factory=dict)
+    reason: str = "checkpoint"
+    stop: dict[int, int] | None = None
+
+
+def resolve_start(
+    settings: PipelineSettings,
+    consumer: ConsumerSettings | None,
+    restored: dict[int, int] | None = None,
+) -> StreamStart:
+    """The start (and stop) offsets of a run: the checkpoint's (``restored``) unless
+    ``--start-from`` or a replay's ``--from`` names a position, which wins; looked up on the
+    broker (Kafka's offsets-for-times) once.
+
+    >>> resolve_start(PipelineSettings(), None, {0: 5})
+    StreamStart(offsets={0: 5}, reason='checkpoint', stop=None)
     """
-    source = StreamSource(schema, settings, consumer=consumer, **kwargs)
-    return source.dataset(), source
+    offsets = dict(restored or {})
+    reason = "checkpoint"
+    if settings.start_from != "committed":
+        if consumer is None:
+            log.warning(
+                "--start-from %s ignored: the simulator has no stored stream", settings.start_from
+            )
+        else:
+            from consumers.positions import start_offsets
+
+            offsets = start_offsets(consumer, settings.start_from)
+            where = position_text(settings.start_from)
+            replay = settings.stop_at is not None
+            reason = f"replay --from {where}" if replay else f"--start-from {where}"
+    stop = None
+    if settings.stop_at is not None and consumer is not None:
+        from consumers.positions import start_offsets
+
+        stop = start_offsets(consumer, settings.stop_at)
+    return StreamStart(offsets, reason, stop)
 
 
 def position_text(position: str | int) -> str:

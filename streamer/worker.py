@@ -5,37 +5,32 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
-import signal
-import sys
 import threading
 import time
 from typing import IO, Any
 
-import numpy as np
 import tensorflow as tf
 
 from consumers import ShardHooks, ShardLike
-from consumers.errors import ConfigError, ModelDivergedError, StreamerError
-from streamer.breaker import capped
+from consumers.errors import ModelDivergedError, StreamerError
+from consumers.settings import ConsumerSettings
 from streamer.checkpoint import Checkpointer
 from streamer.commits import AuditLog, CommitSchedule
+from streamer.committer import Committer
 from streamer.config import WorkerConfig, resolve_shard_runtime
 from streamer.evaluate import Evaluator
 from streamer.export import Exporter, serving_inputs
 from streamer.gctune import release_free_memory, tune_gc
-from streamer.health import Health, MetricsServer
-from streamer.metrics import Metrics
+from streamer.lifecycle import Lifecycle
 from streamer.model import load_model
-from streamer.nonfinite import NonFiniteSteps, describe_offsets
 from streamer.offsets import OffsetTracker
 from streamer.position import StreamPosition
 from streamer.probe import BrokerProbe
 from streamer.replay import write_marker
+from streamer.runtime import dead_letter_writer, new_metrics, serve_metrics, stream_start
 from streamer.schema import Schema
-from streamer.signals import SignalWatch, StopOnSignal
 from streamer.simulator import RandomRecords, SimulatedShard, Task, task_named
 from streamer.source import METADATA_COLUMNS, StreamSource
-from streamer.status import StatusLine
 from streamer.tboard import ProfileWindow, TrainingSummaries
 from streamer.train import Trainer, choose_strategy
 
@@ -47,51 +42,33 @@ __all__ = ["Worker"]
 log = logging.getLogger(__name__)
 
 
-class Worker:
+class Worker(Lifecycle):
     """Trains continuously from the stream until stopped; see DESIGN.md section 3.
+
+    The life it shares with the cluster loop (signals, health and metrics, skipped steps,
+    exit codes, shutdown) is ``streamer.lifecycle.Lifecycle``; the commit sequence is
+    ``streamer.committer.Committer``.
 
     >>> code = Worker(load_config({"max_steps": 100})).run()   # doctest: +SKIP
     """
 
+    position: StreamPosition  # where the stream is: built once, when the start is known
+    source: StreamSource  # built by _build, before any use (None once shut down)
+
     def __init__(self, config: WorkerConfig, *, status_out: IO[str] | None = None) -> None:
-        self.config = config
-        self.status_out = status_out or sys.stderr
-        self.step = 0
-        self.loss = float("nan")
+        super().__init__(config, status_out=status_out)
         self.first_wait_seconds: float | None = None
-        self._stopping = threading.Event()
-        self._finished = threading.Event()
-        self._stop_reason = ""
-        self._signal_stop = StopOnSignal(
-            plan="finishing the current step, then checkpoint, commit and exit",
-            stop=self.request_stop,
-            finished=self._finished,
-            timeout=config.shutdown_timeout,
-            log=log,
-        )
         self._last_data = time.monotonic()
-        self.metrics: Metrics | None = None
-        self.health = Health(config.stall_timeout)
-        self.server: MetricsServer | None = None
         self.exporter: Exporter | None = None
         self.summaries: TrainingSummaries | None = None
         self.profiler: ProfileWindow | None = None
         self.evaluator: Evaluator | None = None
-        self.position = StreamPosition()
-        self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
+        self.probe: BrokerProbe | None = None
         self._diverged: ModelDivergedError | None = None
         self._metrics_window = time.monotonic()
 
-    # ---- signals ----------------------------------------------------------------------------
-
-    def _on_signal(self, signum: int) -> None:
-        self._signal_stop(signum)
-
-    def request_stop(self, reason: str) -> None:
-        if not self._stopping.is_set():
-            self._stop_reason = reason
-        self._stopping.set()
-        if hasattr(self, "source"):
+    def _on_stop(self) -> None:
+        if getattr(self, "source", None) is not None:
             self.source.stop()
         if self.evaluator is not None:
             self.evaluator.stop()
@@ -101,7 +78,7 @@ class Worker:
     def _schema(self) -> Schema:
         return self.config.load_schema()
 
-    def _simulator_factory(self, restore: dict[int, int]) -> Any:
+    def _simulator_factory(self) -> Any:
         cfg = self.config
         # A schema file of one's own: random records of it (nothing to learn, but every
         # feature kind travels the real decode path); else the named task.
@@ -131,21 +108,8 @@ class Worker:
             import keras
 
             keras.mixed_precision.set_global_policy("mixed_float16")
-        import kafka
-
-        from streamer import __version__
-
-        self.metrics = Metrics(
-            cfg.topic,
-            version=__version__,
-            tensorflow_version=tf.__version__,
-            kafka_python_version=kafka.__version__,
-        )
-        if cfg.metrics_port:
-            self.server = MetricsServer(
-                self.metrics.registry, self.health, host=cfg.metrics_host, port=cfg.metrics_port
-            ).start()
-            log.info("metrics on http://%s:%d/metrics", cfg.metrics_host, self.server.port)
+        self.metrics = new_metrics(cfg)
+        self.server = serve_metrics(cfg, self.metrics, self.health)
         self.schema = self._schema()
         strategy = choose_strategy()
         with strategy.scope():
@@ -172,23 +136,12 @@ class Worker:
             restored = reader.restore()
             if restored is not None:
                 self.step, restore = restored
-        self.position = StreamPosition(restore)
         self.tracker = OffsetTracker()
-        dead_letter = None
         #: Every partition of the topic (exports list each one).
         self.topic_partitions: list[int] = list(range(cfg.sim_partitions))
-        if cfg.bootstrap is None:
-            factory = self._simulator_factory(restore)
-            self.source = StreamSource(
-                self.schema,
-                cfg.pipeline_settings(),
-                shard_factory=factory,
-                tracker=self.tracker,
-                metrics=self.metrics,
-                health=self.health,
-                topic=cfg.topic,
-            )
-        else:
+        consumer: ConsumerSettings | None = None
+        dead_letter = None
+        if cfg.bootstrap is not None:
             consumer = cfg.consumer_settings()
             from consumers.admin import wait_for_topic
 
@@ -207,52 +160,30 @@ class Worker:
             if self.checkpointer is not None and not self.checkpointer.adopt_topic_id(
                 ids.get(cfg.topic)
             ):
-                self.position.forget_restored()
-                restore = {}
-            if cfg.dead_letter_topic:
-                from consumers.admin import ensure_topic
-                from streamer.deadletter import DeadLetterWriter
-
-                sized = ensure_topic(
-                    consumer,
-                    cfg.dead_letter_topic,
-                    partitions=len(partitions),
-                    replication_factor=cfg.dead_letter_replication_factor,
-                )
-
-                metrics = self.metrics
-
-                def done(p: int, o: int) -> None:
-                    self.tracker.ack(np.array([p], np.int32), np.array([o], np.int64))
-                    metrics.observe_dead_lettered(1)
-
-                dead_letter = DeadLetterWriter(
-                    consumer.bootstrap_servers,
-                    cfg.dead_letter_topic,
-                    on_done=done,
-                    on_failure=lambda _exc: metrics.kafka_error("dead_letter"),
-                    security=consumer.security.kafka_config(),
-                    max_message_bytes=sized.max_message_bytes,
-                    max_record_bytes=sized.source_max_message_bytes,
-                )
-            self.source = StreamSource(
-                self.schema,
-                cfg.pipeline_settings(),
-                consumer=consumer,
-                tracker=self.tracker,
-                metrics=self.metrics,
-                health=self.health,
-                dead_letter=dead_letter,
-                restore_offsets=restore,
+                restore = {}  # offsets of an earlier topic of the same name: the model only
+            dead_letter = dead_letter_writer(
+                cfg, consumer, len(partitions), self.tracker, self.metrics
             )
-        # Where the stream starts for this model: the checkpoint's offsets, or those of
-        # --start-from / --from, which win over the checkpoint's.
-        self.position = StreamPosition(self.source.start_offsets)
+        # Where the stream starts for this model, resolved once: the checkpoint's offsets, or
+        # those of --start-from / --from, which win over the checkpoint's.
+        start = stream_start(cfg, consumer, restore)
+        self.position = StreamPosition(start.offsets)
+        self.source = StreamSource(
+            self.schema,
+            cfg.pipeline_settings(),
+            consumer=consumer,
+            shard_factory=self._simulator_factory() if consumer is None else None,
+            tracker=self.tracker,
+            metrics=self.metrics,
+            health=self.health,
+            dead_letter=dead_letter,
+            start=start,
+            topic=cfg.topic,
+        )
         self.dataset = self.source.dataset()
         self._build_online()
         self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
         self.probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
-        self._model_built = True
         tune_gc()  # start-up is done: its objects leave every later collection
         self._monitor = threading.Thread(target=self._watch, name="streamer-readiness", daemon=True)
         self._monitor.start()
@@ -292,31 +223,23 @@ class Worker:
 
     def _watch(self) -> None:
         """Every second: readiness (model built, broker reachable, partitions assigned) and queues."""
-        cfg = self.config
-        shard_capacity = cfg.shards * cfg.queue_max_blocks * cfg.max_poll_records
         trimmed = time.monotonic()
         while not self._stopping.wait(1.0):
             self._update_ready()
             if time.monotonic() - trimmed >= TRIM_EVERY_S:  # a pass may last for days
                 release_free_memory()
                 trimmed = time.monotonic()
-            assert self.metrics is not None
-            self.metrics.set_queue("shard", self.source.queued_records(), shard_capacity)
-            # Emitted into tf.data and not yet trained: the decode/rebatch/prefetch stages
-            # (autotuned by tf.data, so no fixed capacity: reported as 0).
-            self.metrics.set_queue("prefetch", self.tracker.in_flight(), 0)
-            dead_letter = self.source.dead_letter
-            if dead_letter is not None:  # written to Kafka in the background, bounded by bytes
-                self.metrics.set_queue("dead_letter", dead_letter.pending, 0)
+            self.watch_queues()
 
     def _update_ready(self) -> None:
-        if self._stopping.is_set():
+        source = self.source  # None once shut down
+        if self._stopping.is_set() or source is None:
             return
         if self.probe is not None and not self.probe.up:
             self.health.set_ready(False, f"no broker reachable at {self.config.bootstrap}")
             return
-        assigned = self.source.assigned_partitions()
-        if self.source.topic_missing:
+        assigned = source.assigned_partitions()
+        if source.topic_missing:
             self.health.set_ready(
                 False, f"topic {self.config.topic} does not exist (deleted?); waiting for it"
             )
@@ -328,55 +251,50 @@ class Worker:
 
     # ---- the loop ---------------------------------------------------------------------------
 
-    def run(self) -> int:
-        """Run until a stop condition or signal; returns the process exit code."""
+    def _run(self) -> int:
+        """Passes until a stop condition or signal; the exit code of a clean stop."""
         cfg = self.config
-        watch: SignalWatch | None = None
-        if threading.current_thread() is threading.main_thread():
-            watch = SignalWatch(self._on_signal, (signal.SIGTERM, signal.SIGINT))
-        try:
-            self._build()
-            log.info("worker %s starting at step %d: %s", cfg.worker_id, self.step, _describe(cfg))
-            assert self.metrics is not None
-            status = StatusLine(self.status_out, cfg.status_interval, self.metrics)
-            self._status = status
-            self._commits = CommitSchedule(
+        self._build()
+        log.info("worker %s starting at step %d: %s", cfg.worker_id, self.step, _describe(cfg))
+        assert self.metrics is not None
+        status = self.new_status()
+        self.committer = Committer(
+            self.source,
+            self.tracker,
+            self.position,
+            self.metrics,
+            commits=CommitSchedule(
                 cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
-            )
-            self._checkpoints = CommitSchedule(
+            ),
+            checkpoints=None
+            if self.checkpointer is None
+            else CommitSchedule(
                 cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, step=self.step
-            )
-            while not self._stopping.is_set():
-                exhausted = self._run_pass()
-                if self.source.reject_limit is not None:
-                    raise self.source.reject_limit  # after a commit that stays below them
-                if exhausted and self.source.finished:
-                    self.request_stop("the replay range is trained")
-                if cfg.stop_after_idle is not None and (
-                    time.monotonic() - self._last_data >= cfg.stop_after_idle
-                    or (exhausted and self._pass_ends_only_when_idle())
-                ):
-                    self.request_stop(f"idle for {cfg.stop_after_idle:g}s")
-            if self.exporter is not None and self.step not in (
-                self._exported_step,
-                self._run_start_step,
+            ),
+            save=None if self.checkpointer is None else self._save,
+            audit=self.audit,
+            to_group=cfg.commits,  # a replay without --replay-group commits to no group
+        )
+        while not self._stopping.is_set():
+            exhausted = self._run_pass()
+            if self.source.reject_limit is not None:
+                raise self.source.reject_limit  # after a commit that stays below them
+            if exhausted and self.source.finished:
+                self.request_stop("the replay range is trained")
+            if cfg.stop_after_idle is not None and (
+                time.monotonic() - self._last_data >= cfg.stop_after_idle
+                or (exhausted and self._pass_ends_only_when_idle())
             ):
-                self._export()  # a clean stop: the final model is served too
-            status.maybe(self.step, self.loss, final=True)
-            status.end()
-            log.info("stopped (%s) at step %d", self._stop_reason, self.step)
-            return 0
-        except ConfigError as exc:  # found at start-up: the deployment is wrong, not the run
-            log.error("%s", exc)
-            return exc.exit_code
-        except StreamerError as exc:  # README: exit codes
-            log.error("%s", exc)
-            return exc.exit_code
-        finally:
-            self._shutdown()
-            self._finished.set()
-            if watch is not None:
-                watch.close()
+                self.request_stop(f"idle for {cfg.stop_after_idle:g}s")
+        if self.exporter is not None and self.step not in (
+            self._exported_step,
+            self._run_start_step,
+        ):
+            self._export()  # a clean stop: the final model is served too
+        status.maybe(self.step, self.loss, final=True)
+        status.end()
+        log.info("stopped (%s) at step %d", self._stop_reason, self.step)
+        return 0
 
     def _pass_ends_only_when_idle(self) -> bool:
         """True when the only way a pass runs out is every shard idle for --stop-after-idle.
@@ -396,6 +314,8 @@ class Worker:
         """One pass; True if the input ran out (rather than a stop request ending it)."""
         cfg = self.config
         source = self.source
+        status = self.status
+        assert status is not None
         source.resume()
         source.begin_pass()
         iterator = iter(self.dataset)
@@ -416,11 +336,15 @@ class Worker:
                 t2 = time.perf_counter()
                 n = len(meta["offset"])
                 if not result.applied:
-                    self._skipped(meta["partition"], meta["offset"], result.loss)
+                    self._last_data = time.monotonic()
+                    try:
+                        self.skipped_step(meta["partition"], meta["offset"])
+                    except ModelDivergedError as exc:
+                        self._diverged = exc  # no checkpoint of a diverged model at the end
+                        raise
                     continue
                 self.loss = result.loss
-                for part, off in self.nonfinite.applied():  # a run of skipped steps ended
-                    self.tracker.ack(part, off)
+                self.applied_step(self.tracker.ack)  # a run of skipped steps ended
                 if self.audit is not None:
                     self.audit.add(meta["partition"], meta["offset"])
                 self.tracker.ack(meta["partition"], meta["offset"])
@@ -436,9 +360,9 @@ class Worker:
                 self.health.beat("trainer")
                 self.step += 1
                 self._last_data = time.monotonic()
-                self._maybe_commit()
-                self._status.waited(t1 - t0)
-                self._status.maybe(self.step, self.loss)
+                self.committer.after_step(self.step)
+                status.waited(t1 - t0)
+                status.maybe(self.step, self.loss)
                 self._after_step(n, t1 - t0)
                 if cfg.max_steps is not None and self.step >= cfg.max_steps:
                     self.request_stop(f"--max-steps {cfg.max_steps}")
@@ -447,34 +371,6 @@ class Worker:
             gc.collect()
             self._end_pass()
         return exhausted and not self._stopping.is_set()
-
-    def _skipped(self, partition: np.ndarray, offset: np.ndarray, loss: float) -> None:
-        """A step whose loss or gradients were not finite: nothing was applied. Its records
-        wait (not acknowledged) for the next applied step; too many in a row stop the worker."""
-        assert self.metrics is not None
-        self.metrics.observe_nonfinite_step()
-        self.health.beat("trainer")
-        self._last_data = time.monotonic()
-        limit = self.config.max_nonfinite_steps
-        stop = self.nonfinite.skipped(partition, offset)
-        log.warning(
-            "step %d: loss %s or a gradient not finite: update skipped, model unchanged "
-            "(%d records, partition:offsets %s); %d in a row, the worker stops at %d",
-            self.step + 1,
-            loss,
-            len(offset),
-            describe_offsets(partition, offset),
-            self.nonfinite.in_a_row,
-            limit,
-        )
-        if stop:
-            checkpoint = self.checkpointer.latest if self.checkpointer is not None else None
-            self._diverged = ModelDivergedError(
-                f"{limit} steps in a row had a non-finite loss or gradients (the last at step "
-                f"{self.step + 1}; {self.nonfinite.held_records} records held, not committed)",
-                checkpoint,
-            )
-            raise self._diverged
 
     # ---- export, summaries, profiling, evaluation ---------------------------------------------
 
@@ -577,46 +473,19 @@ class Worker:
 
     # ---- commits and checkpoints ------------------------------------------------------------
 
-    def _maybe_commit(self) -> None:
-        if self.checkpointer is not None:
-            if self._checkpoints.due(self.step):
-                self._checkpoint_and_commit()
-        elif self._commits.due(self.step):
-            self._commit(self.tracker.commit_points())
-
-    def _commit(self, points: dict[int, int]) -> None:
-        points = capped(points, self.source.commit_caps())  # rejects not judged yet
-        if self.audit is not None:
-            self.audit.flush()  # the audit log is never behind a commit
-        if self.config.commits:  # a replay without --replay-group commits to no group
-            self.source.commit(points)
-        # What was committed stays known after a pass closes its shards (and their tracker
-        # state): an export after the pass still records every partition's position.
-        self.position.commit(points)
-        self._commits.done(self.step)
-
-    def _checkpoint_and_commit(self) -> None:
-        assert self.checkpointer is not None and self.metrics is not None
-        positions = capped(
-            self.position.current(self.tracker.commit_points()), self.source.commit_caps()
-        )
-        if self.audit is not None:
-            self.audit.flush()
+    def _save(self, step: int, positions: dict[int, int]) -> dict[int, int] | None:
+        """The checkpoint of a worker of its own: one save; what it saved is committed."""
+        assert self.checkpointer is not None
         try:
-            path = self.checkpointer.save(self.step, positions)
-            self.metrics.checkpoint(True, time.time())
-            log.info("checkpoint %s at step %d", path, self.step)
+            path = self.checkpointer.save(step, positions)
         except ModelDivergedError as exc:  # non-finite weights: never saved
-            self.metrics.checkpoint(False, time.time())
             self._diverged = exc
             raise
         except (OSError, tf.errors.OpError) as exc:
-            self.metrics.checkpoint(False, time.time())
             log.error("checkpoint failed: %s", exc)
-            return
-        # Kafka commits follow the checkpoint: the checkpoint is the source of truth.
-        self._commit(positions)
-        self._checkpoints.done(self.step)
+            return None
+        log.info("checkpoint %s at step %d", path, step)
+        return positions
 
     def _end_pass(self) -> None:
         """After a pass (or on stop): checkpoint if configured, commit everything done, close shards.
@@ -624,47 +493,36 @@ class Worker:
         A diverged model is never checkpointed, and with checkpoints nothing is committed past
         the last good one (commits follow checkpoints)."""
         try:
+            committer = self.committer
             if self._diverged is not None:
-                if self.checkpointer is None:
-                    self._commit(self.tracker.commit_points())
+                if not committer.checkpointing:
+                    committer.commit(committer.done_points(), self.step)
                 return
             self._publish_train_metrics(force=True)
             if self.source.reject_limit is None:
                 self.source.settle_rejects()  # the pass's rejects are judged: commit past them
-            last = self._checkpoints.last_step
-            if self.checkpointer is not None and (self._stopping.is_set() or self.step != last):
-                if self.step != last or not self.checkpointer.latest:
-                    self._checkpoint_and_commit()
+            checkpoints = committer.checkpoints
+            moved = checkpoints is not None and self.step != checkpoints.last_step
+            if checkpoints is not None and (self._stopping.is_set() or moved):
+                assert self.checkpointer is not None
+                if moved or not self.checkpointer.latest:
+                    committer.checkpoint(self.step)
             else:
-                self._commit(self.tracker.commit_points())
+                committer.commit(committer.done_points(), self.step)
         finally:
             self.source.end_pass()
             if self.summaries is not None:
                 self.summaries.flush()
 
-    def _shutdown(self) -> None:
-        self.health.set_ready(False, "shutting down")
-        self._stopping.set()
-        status = getattr(self, "_status", None)
-        if status is not None:
-            status.end()  # idempotent: a terminal's live line ends with a newline
+    def _close_more(self) -> None:
         if self.profiler is not None:
             self.profiler.finish()
         if self.evaluator is not None:
             self.evaluator.close()
         if self.summaries is not None:
             self.summaries.close()
-        probe = getattr(self, "probe", None)
-        if probe is not None:
-            probe.close()
-        source = getattr(self, "source", None)
-        if source is not None:
-            source.close()
-        audit = getattr(self, "audit", None)
-        if audit is not None:
-            audit.close()
-        if self.server is not None:
-            self.server.close()
+        if self.probe is not None:
+            self.probe.close()
 
 
 def _describe(cfg: WorkerConfig) -> str:

@@ -52,7 +52,7 @@ def _run(bootstrap: str, topic: str, mode: str, **pipeline: object) -> set[tuple
         heartbeat_interval_ms=500,
         **extra,  # type: ignore[arg-type]
     )
-    source = StreamSource(
+    source = StreamSource.open(
         TASK.schema(),
         PipelineSettings(num_shards=2, batch_size=64, idle_timeout_seconds=3, **pipeline),  # type: ignore[arg-type]
         consumer=cs,

@@ -1,0 +1,129 @@
+"""Committer: the one commit sequence of both loops, and when it is due.
+
+audit log flushed -> checkpoint (model, optimizer, step and the stream position, one save) ->
+Kafka commit of the same offsets -> the position remembers them. With checkpoints, commits
+follow them (the checkpoint is the source of truth, Flink's rule); without, commits go every
+--commit-every-steps / --commit-every-seconds. Every offset is capped below the rejects the
+reject breaker has not judged yet. The anchor is quix-streams' ``Checkpoint`` object: the one
+owner of "offsets since the last commit, when a commit is due, the commit sequence".
+
+How a checkpoint is saved is the loop's: one file for a worker of its own, an all-reduce of
+the offsets and the chief's save for a cluster (``Save``). Pure of TensorFlow and Kafka
+itself: the parts come in.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from consumers.errors import ModelDivergedError
+from streamer.breaker import capped
+from streamer.commits import AuditLog, CommitSchedule
+from streamer.metrics import Metrics
+from streamer.offsets import OffsetTracker
+from streamer.position import StreamPosition
+
+__all__ = ["Committer", "Save"]
+
+log = logging.getLogger("streamer.worker")
+
+#: Saves a checkpoint of ``step`` with ``offsets``; returns the offsets to commit afterwards
+#: (a cluster worker: its own partitions of the all-reduced ones), or None when the save
+#: failed (nothing is committed then). Raises ModelDivergedError for non-finite weights.
+Save = Callable[[int, dict[int, int]], dict[int, int] | None]
+
+
+class _Source(Protocol):
+    def commit(self, points: dict[int, int] | None = None) -> dict[int, int]: ...
+
+    def commit_caps(self) -> dict[int, int]: ...
+
+
+class Committer:
+    """Owns the commit sequence; the loops say when a step finished and when a pass ends.
+
+    >>> committer = Committer(source, tracker, position, metrics, save=save,  # doctest: +SKIP
+    ...                       commits=CommitSchedule(50, 5.0), checkpoints=None)
+    >>> committer.after_step(step)              # commits or checkpoints when due  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        source: _Source,
+        tracker: OffsetTracker,
+        position: StreamPosition,
+        metrics: Metrics,
+        *,
+        commits: CommitSchedule,
+        checkpoints: CommitSchedule | None,
+        save: Save | None,
+        audit: AuditLog | None = None,
+        to_group: bool = True,
+    ) -> None:
+        """``checkpoints`` and ``save`` both or neither; ``to_group`` False: a replay without
+        --replay-group commits to no group (the position still moves)."""
+        self.source = source
+        self.tracker = tracker
+        self.position = position
+        self.metrics = metrics
+        self.commits = commits
+        self.checkpoints = checkpoints
+        self.save = save
+        self.audit = audit
+        self.to_group = to_group
+
+    @property
+    def checkpointing(self) -> bool:
+        return self.save is not None
+
+    def done_points(self) -> dict[int, int]:
+        """What is done now, below the rejects not judged yet."""
+        return capped(self.tracker.commit_points(), self.source.commit_caps())
+
+    def after_step(self, step: int) -> None:
+        """A step finished: checkpoint (and commit) or commit when due."""
+        if self.checkpoints is not None:
+            if self.checkpoints.due(step):
+                self.checkpoint(step)
+        elif self.commits.due(step):
+            self.commit(self.done_points(), step)
+
+    def commit(self, points: dict[int, int], step: int) -> None:
+        """Send ``points`` (capped) to the group; the audit log is never behind a commit."""
+        points = capped(points, self.source.commit_caps())
+        if self.audit is not None:
+            self.audit.flush()
+        if self.to_group:
+            self.source.commit(points)
+        # What was committed stays known after a pass closes its shards (and their tracker
+        # state): an export after the pass still records every partition's position.
+        self.position.commit(points)
+        self.commits.done(step)
+
+    def checkpoint(self, step: int) -> bool:
+        """Checkpoint the model with the stream position, then commit the same offsets.
+
+        False when the save failed (logged and counted; nothing committed). Raises
+        ModelDivergedError (counted as a failed checkpoint) for non-finite weights."""
+        assert self.save is not None and self.checkpoints is not None
+        positions = capped(
+            self.position.current(self.tracker.commit_points()), self.source.commit_caps()
+        )
+        if self.audit is not None:
+            self.audit.flush()
+        try:
+            committed = self.save(step, positions)
+        except ModelDivergedError:
+            self.metrics.checkpoint(False, time.time())
+            raise
+        if committed is None:
+            self.metrics.checkpoint(False, time.time())
+            return False
+        self.metrics.checkpoint(True, time.time())
+        # Kafka commits follow the checkpoint: the checkpoint is the source of truth.
+        self.commit(committed, step)
+        self.checkpoints.done(step)
+        return True

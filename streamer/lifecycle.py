@@ -1,0 +1,198 @@
+"""Lifecycle: the life both loops share -- signals, health and metrics, the readiness and queue
+watch, runs of skipped (non-finite) steps, exit codes and shutdown.
+
+``streamer.worker.Worker`` (a worker of its own: passes of batches) and
+``streamer.distributed.DistributedWorker`` (one of N workers of one model: rounds in
+lock-step) differ only in how they build their model and input, how they step, and what a
+stop means; everything else is here, once. The anchor is prometheus_client's
+``MetricWrapperBase``: the shared life in the base, each kind a few hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import IO, TYPE_CHECKING
+
+import numpy as np
+
+from consumers.errors import ModelDivergedError, StreamerError
+from streamer.commits import AuditLog
+from streamer.config import WorkerConfig
+from streamer.health import Health, MetricsServer
+from streamer.metrics import Metrics
+from streamer.nonfinite import NonFiniteSteps, describe_offsets
+from streamer.signals import SignalWatch, StopOnSignal
+from streamer.status import StatusLine
+
+if TYPE_CHECKING:
+    from streamer.checkpoint import Checkpointer
+    from streamer.source import StreamSource
+
+__all__ = ["Lifecycle"]
+
+log = logging.getLogger("streamer.worker")
+
+
+class Lifecycle:
+    """The shared life of a worker; subclasses implement ``_build`` and ``_loop``.
+
+    ``run()`` installs the signal answer (on the main thread), builds, runs the loop and
+    returns the exit code (README: exit codes); whatever happens, ``_shutdown`` closes what
+    was opened, and the shutdown watchdog of a signal is released.
+    """
+
+    #: What a first SIGTERM/SIGINT does, in the log line that acknowledges it.
+    stop_plan = "finishing the current step, then checkpoint, commit and exit"
+
+    def __init__(self, config: WorkerConfig, *, status_out: IO[str] | None = None) -> None:
+        self.config = config
+        self.status_out = status_out or sys.stderr
+        self.step = 0
+        self.loss = float("nan")
+        self.health = Health(config.stall_timeout)
+        self.metrics: Metrics | None = None
+        self.server: MetricsServer | None = None
+        self.checkpointer: Checkpointer | None = None
+        self.source: StreamSource | None = None
+        self.audit: AuditLog | None = None
+        self.status: StatusLine | None = None
+        self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
+        self._stopping = threading.Event()
+        self._stop_reason: str | None = None
+        self._finished = threading.Event()
+        self._signal_stop = StopOnSignal(
+            plan=self.stop_plan,
+            stop=self.request_stop,
+            finished=self._finished,
+            timeout=config.shutdown_timeout,
+            log=log,
+        )
+        self._signal_watch: SignalWatch | None = None
+
+    # ---- stopping -----------------------------------------------------------------------------
+
+    def request_stop(self, reason: str) -> None:
+        """Stop soon (the first reason is the one reported)."""
+        if self._stop_reason is None:
+            self._stop_reason = reason
+        self._stopping.set()
+        self._on_stop()
+
+    def _on_stop(self) -> None:
+        """What a stop request does at once, besides being noted (a hook)."""
+
+    # ---- the run ------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Build, run the loop until it stops, shut down; the process exit code."""
+        if threading.current_thread() is threading.main_thread():
+            self._signal_watch = SignalWatch(self._signal_stop, (signal.SIGTERM, signal.SIGINT))
+        try:
+            return self._run()
+        except StreamerError as exc:  # ConfigError: 2; README: exit codes
+            log.error("%s", exc)
+            return self._failed(exc)
+        except Exception as exc:
+            return self._crashed(exc)
+        finally:
+            self._shutdown()
+            self._finished.set()
+            if self._signal_watch is not None:
+                self._signal_watch.close()
+
+    def _run(self) -> int:
+        raise NotImplementedError
+
+    def _failed(self, exc: StreamerError) -> int:
+        """The exit code of a run that ended with ``exc`` (a hook: a cluster ends at once)."""
+        return exc.exit_code
+
+    def _crashed(self, exc: Exception) -> int:
+        """A bug or an unexpected library error (a hook; by default it propagates)."""
+        raise exc
+
+    def new_status(self) -> StatusLine:
+        assert self.metrics is not None
+        self.status = StatusLine(self.status_out, self.config.status_interval, self.metrics)
+        return self.status
+
+    # ---- steps that were not applied ------------------------------------------------------------
+
+    def skipped_step(
+        self, partition: np.ndarray, offset: np.ndarray, *, everywhere: bool = False
+    ) -> None:
+        """A step whose loss or gradients were not finite: nothing was applied. Its records
+        wait (not acknowledged) for the next applied step; --max-nonfinite-steps in a row stop
+        the worker (ModelDivergedError: exit 3, no checkpoint). ``everywhere``: a cluster's
+        verdict, the same on every worker."""
+        assert self.metrics is not None
+        self.metrics.observe_nonfinite_step()
+        self.health.beat("trainer")
+        limit = self.config.max_nonfinite_steps
+        stop = self.nonfinite.skipped(partition, offset)
+        log.warning(
+            "step %d: loss or a gradient not finite%s: update skipped, model unchanged (%d "
+            "records, partition:offsets %s); %d in a row, the worker stops at %d",
+            self.step + 1,
+            " on some worker (skipped on every worker)" if everywhere else "",
+            len(offset),
+            describe_offsets(partition, offset) or "-",
+            self.nonfinite.in_a_row,
+            limit,
+        )
+        if stop:
+            checkpoint = self.checkpointer.latest if self.checkpointer is not None else None
+            raise ModelDivergedError(
+                f"{limit} steps in a row had a non-finite loss or gradients (the last at step "
+                f"{self.step + 1}; {self.nonfinite.held_records} records held, not committed)",
+                checkpoint,
+            )
+
+    def applied_step(self, ack: Callable[[np.ndarray, np.ndarray], None]) -> None:
+        """A step was applied: the records of the run of skipped steps before it are done."""
+        for part, off in self.nonfinite.applied():
+            ack(part, off)
+
+    # ---- watching -------------------------------------------------------------------------------
+
+    def watch_queues(self) -> None:
+        """Queue depths for /metrics (every second, from the readiness thread)."""
+        cfg, source, metrics = self.config, self.source, self.metrics
+        if source is None or metrics is None:
+            return
+        capacity = cfg.shards * cfg.queue_max_blocks * cfg.max_poll_records
+        metrics.set_queue("shard", source.queued_records(), capacity)
+        # Emitted into tf.data and not yet trained: autotuned stages, no fixed capacity.
+        metrics.set_queue("prefetch", source.tracker.in_flight(), 0)
+        if source.dead_letter is not None:  # written in the background, bounded by bytes
+            metrics.set_queue("dead_letter", source.dead_letter.pending, 0)
+
+    # ---- shutdown -------------------------------------------------------------------------------
+
+    def _shutdown(self) -> None:
+        """Close what was opened, in order: the input (its consumers' last commits are sent
+        first), the status line, the audit log, the metrics server; then the loop's own."""
+        self.health.set_ready(False, "shutting down")
+        self._stopping.set()
+        self._close_input()
+        if self.status is not None:
+            self.status.end()  # idempotent: a terminal's live line ends with a newline
+        if self.audit is not None:
+            self.audit.close()
+            self.audit = None
+        self._close_more()
+        if self.server is not None:
+            self.server.close()
+
+    def _close_input(self) -> None:
+        source, self.source = self.source, None
+        if source is not None:
+            source.stop()
+            source.close()
+
+    def _close_more(self) -> None:
+        """The loop's own parts (a hook)."""
