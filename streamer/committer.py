@@ -20,13 +20,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from consumers.errors import ModelDivergedError
-from streamer.breaker import capped
-from streamer.commits import AuditLog, CommitSchedule
-from streamer.metrics import Metrics
-from streamer.offsets import OffsetTracker
-from streamer.position import StreamPosition
+from streamer.input.breaker import capped
+from streamer.input.offsets import OffsetTracker
+from streamer.input.stream_position import StreamPosition
+from streamer.ops.audit import AuditLog
+from streamer.ops.metrics import Metrics
 
-__all__ = ["Committer", "Save"]
+__all__ = ["CommitSchedule", "Committer", "Save"]
 
 log = logging.getLogger("streamer.worker")
 
@@ -34,6 +34,41 @@ log = logging.getLogger("streamer.worker")
 #: (a cluster worker: its own partitions of the all-reduced ones), or None when the save
 #: failed (nothing is committed then). Raises ModelDivergedError for non-finite weights.
 Save = Callable[[int, dict[int, int]], dict[int, int] | None]
+
+
+class CommitSchedule:
+    """Due every ``every_steps`` steps or ``every_seconds`` seconds, whichever comes first.
+
+    >>> now = [0.0]
+    >>> s = CommitSchedule(50, 5.0, step=0, clock=lambda: now[0])
+    >>> s.due(49), s.due(50)
+    (False, True)
+    >>> s.done(50); now[0] = 5.0; s.due(51)
+    True
+    """
+
+    def __init__(
+        self,
+        every_steps: int,
+        every_seconds: float,
+        *,
+        step: int = 0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self._clock = clock
+        self.last_step = step
+        self._last_t = clock()
+
+    def due(self, step: int) -> bool:
+        return (
+            step - self.last_step >= self.every_steps
+            or self._clock() - self._last_t >= self.every_seconds
+        )
+
+    def done(self, step: int) -> None:
+        self.last_step, self._last_t = step, self._clock()
 
 
 class _Source(Protocol):

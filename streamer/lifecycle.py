@@ -2,7 +2,7 @@
 watch, runs of skipped (non-finite) steps, exit codes and shutdown.
 
 ``streamer.worker.Worker`` (a worker of its own: passes of batches) and
-``streamer.distributed.DistributedWorker`` (one of N workers of one model: rounds in
+``streamer.cluster.worker.DistributedWorker`` (one of N workers of one model: rounds in
 lock-step) differ only in how they build their model and input, how they step, and what a
 stop means; everything else is here, once. The anchor is prometheus_client's
 ``MetricWrapperBase``: the shared life in the base, each kind a few hooks.
@@ -20,17 +20,17 @@ from typing import IO, TYPE_CHECKING
 import numpy as np
 
 from consumers.errors import ModelDivergedError, StreamerError
-from streamer.commits import AuditLog
-from streamer.config import WorkerConfig
-from streamer.health import Health, MetricsServer
-from streamer.metrics import Metrics
-from streamer.nonfinite import NonFiniteSteps, describe_offsets
-from streamer.signals import SignalWatch, StopOnSignal
-from streamer.status import StatusLine
+from streamer.cli.config import WorkerConfig
+from streamer.ops.audit import AuditLog
+from streamer.ops.health import Health, MetricsServer
+from streamer.ops.metrics import Metrics
+from streamer.ops.signals import SignalWatch, StopOnSignal
+from streamer.ops.status import StatusLine
+from streamer.train.nonfinite import NonFiniteSteps, describe_offsets
 
 if TYPE_CHECKING:
-    from streamer.checkpoint import Checkpointer
-    from streamer.source import StreamSource
+    from streamer.input.source import StreamSource
+    from streamer.train.checkpoint import Checkpointer
 
 __all__ = ["Lifecycle"]
 

@@ -1,7 +1,7 @@
 """The parts every worker builds from its config, built in one place: the metrics and their
 HTTP server, the dead-letter writer, where the stream starts.
 
-The local loop (``streamer.worker``) and the cluster loop (``streamer.distributed``) build
+The local loop (``streamer.worker``) and the cluster loop (``streamer.cluster.worker``) build
 their parts with these, in their own order (a cluster forms before anything else runs).
 Nothing here trains or steps; each function does the I/O its name says, and nothing else
 does it for it (constructors of the parts do none).
@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from consumers.settings import ConsumerSettings
-from streamer.config import WorkerConfig
-from streamer.health import Health, MetricsServer
-from streamer.metrics import Metrics
-from streamer.offsets import OffsetTracker
-from streamer.source import StreamStart, resolve_start
+from streamer.cli.config import WorkerConfig
+from streamer.input.offsets import OffsetTracker
+from streamer.input.source import StreamStart, resolve_start
+from streamer.ops.health import Health, MetricsServer
+from streamer.ops.metrics import Metrics
 
 if TYPE_CHECKING:
-    from streamer.deadletter import DeadLetterWriter
+    from streamer.input.deadletter import DeadLetterWriter
 
 __all__ = ["dead_letter_writer", "new_metrics", "serve_metrics", "stream_start"]
 
@@ -78,7 +78,7 @@ def dead_letter_writer(
     if not config.dead_letter_topic:
         return None
     from consumers.admin import ensure_topic
-    from streamer.deadletter import DeadLetterWriter
+    from streamer.input.deadletter import DeadLetterWriter
 
     sized = ensure_topic(
         consumer,

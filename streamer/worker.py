@@ -14,25 +14,25 @@ import tensorflow as tf
 from consumers import ShardHooks, ShardLike
 from consumers.errors import ModelDivergedError, StreamerError
 from consumers.settings import ConsumerSettings
-from streamer.checkpoint import Checkpointer
-from streamer.commits import AuditLog, CommitSchedule
-from streamer.committer import Committer
-from streamer.config import WorkerConfig, resolve_shard_runtime
-from streamer.evaluate import Evaluator
-from streamer.export import Exporter, serving_inputs
-from streamer.gctune import release_free_memory, tune_gc
+from streamer.cli.config import WorkerConfig, resolve_shard_runtime
+from streamer.cli.replay import write_marker
+from streamer.committer import CommitSchedule, Committer
+from streamer.decode.schema import Schema
+from streamer.input.offsets import OffsetTracker
+from streamer.input.probe import BrokerProbe
+from streamer.input.simulator import RandomRecords, SimulatedShard, Task, task_named
+from streamer.input.source import METADATA_COLUMNS, StreamSource
+from streamer.input.stream_position import StreamPosition
 from streamer.lifecycle import Lifecycle
-from streamer.model import load_model
-from streamer.offsets import OffsetTracker
-from streamer.position import StreamPosition
-from streamer.probe import BrokerProbe
-from streamer.replay import write_marker
+from streamer.ops.audit import AuditLog
+from streamer.ops.gctune import release_free_memory, tune_gc
+from streamer.ops.tboard import ProfileWindow, TrainingSummaries
 from streamer.runtime import dead_letter_writer, new_metrics, serve_metrics, stream_start
-from streamer.schema import Schema
-from streamer.simulator import RandomRecords, SimulatedShard, Task, task_named
-from streamer.source import METADATA_COLUMNS, StreamSource
-from streamer.tboard import ProfileWindow, TrainingSummaries
-from streamer.train import Trainer, choose_strategy
+from streamer.train.checkpoint import Checkpointer
+from streamer.train.evaluate import Evaluator
+from streamer.train.export import Exporter, serving_inputs
+from streamer.train.model import load_model
+from streamer.train.trainer import Trainer, choose_strategy
 
 # How often the worker hands freed heap back to the OS (gctune.release_free_memory).
 TRIM_EVERY_S = 60.0

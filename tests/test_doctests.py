@@ -15,6 +15,7 @@ MODULES = sorted(
     info.name
     for package in (consumers, streamer)
     for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")
+    if not info.name.endswith(".__main__")  # importing it runs the command
 )
 
 

@@ -1,7 +1,7 @@
 """The shard contract, run over every Kafka client (kafka-python, confluent-kafka) and shard
 runtime (thread, process) against the real broker.
 
-What an owner (``streamer.source``) relies on, whatever runs the consumer: every record once,
+What an owner (``streamer.input.source``) relies on, whatever runs the consumer: every record once,
 blocks claimed under the revocation lock, commits of what is asked and nothing else (also at
 close), partitions started where the owner says, a full queue pausing its partitions, and
 commit points that reach the log end past transaction markers.

@@ -14,10 +14,10 @@ from kafka.structs import OffsetAndMetadata
 from prometheus_client import CollectorRegistry
 
 from consumers.settings import ConsumerSettings
-from streamer.metrics import Metrics
-from streamer.settings import PipelineSettings
-from streamer.simulator import SimulatorTask
-from streamer.source import StreamSource
+from streamer.input.pipeline import PipelineSettings
+from streamer.input.simulator import SimulatorTask
+from streamer.input.source import StreamSource
+from streamer.ops.metrics import Metrics
 
 pytestmark = pytest.mark.kafka
 

@@ -26,7 +26,7 @@ from consumers.hooks import ShardHooks
 from consumers.process import ProcessShard
 from consumers.settings import ConsumerSettings
 from consumers.shard import Shard
-from streamer.simulator import produce
+from streamer.input.simulator import produce
 
 pytestmark = pytest.mark.kafka
 

@@ -233,8 +233,8 @@ def test_read_committed_trains_every_committed_record_once_and_commits_the_log_e
                     h = {k: v.decode() for k, v in r.headers}
                     letters.append(
                         (
-                            int(h["streamer.source.partition"]),
-                            int(h["streamer.source.offset"]),
+                            int(h["streamer.input.source.partition"]),
+                            int(h["streamer.input.source.offset"]),
                             h["streamer.reason"],
                         )
                     )
@@ -266,8 +266,8 @@ def test_log_append_time_topics_give_the_brokers_time(
     tmp_path: Path,
 ) -> None:
     from consumers.settings import ConsumerSettings
-    from streamer.simulator import SimulatorTask
-    from streamer.source import PipelineSettings, StreamSource
+    from streamer.input.simulator import SimulatorTask
+    from streamer.input.source import PipelineSettings, StreamSource
 
     topic = make_topic(2, config={"message.timestamp.type": "LogAppendTime"})
     t0 = time.time()

@@ -89,7 +89,7 @@ class Producer(threading.Thread):
         from kafka import KafkaProducer
         from kafka.errors import KafkaError
 
-        from streamer.simulator import SimulatorTask
+        from streamer.input.simulator import SimulatorTask
 
         task = SimulatorTask()
         rng = np.random.default_rng(self.seed)
@@ -291,7 +291,7 @@ class Soak:
         t_start = time.monotonic()
         _say(f"work folder {self.work}; starting a private broker")
         self.broker.start()
-        from streamer.simulator import produce
+        from streamer.input.simulator import produce
 
         produce(self.broker.plaintext, self.topic, 0, partitions=PARTITIONS)  # creates it
         manifest = self.work / "manifest.csv"

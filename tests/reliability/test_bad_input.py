@@ -29,9 +29,9 @@ import numpy as np
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from streamer.deadletter import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_TOPIC
-from streamer.decode import REASONS
-from streamer.simulator import SimulatorTask
+from streamer.decode.records import REASONS
+from streamer.input.deadletter import HEADER_OFFSET, HEADER_PARTITION, HEADER_REASON, HEADER_TOPIC
+from streamer.input.simulator import SimulatorTask
 from tests.reliability.relutil import error_lines, http_get, metrics_base, start_worker
 from tests.workerutil import audit_lines, free_port, parse_metrics, read_audit, worker_args
 

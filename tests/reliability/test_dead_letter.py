@@ -24,7 +24,7 @@ import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType
 
-from streamer.deadletter import (
+from streamer.input.deadletter import (
     HEADER_ERROR,
     HEADER_OFFSET,
     HEADER_ORIGINAL_SIZE,
@@ -35,7 +35,7 @@ from streamer.deadletter import (
     DeadLetterWriter,
     is_permanent,
 )
-from streamer.simulator import SimulatorTask
+from streamer.input.simulator import SimulatorTask
 from tests.reliability.relutil import http_get, metrics_base, run_cli, start_worker, wait_until
 from tests.workerutil import (
     committed_offsets,

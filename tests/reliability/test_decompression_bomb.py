@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from kafka import KafkaProducer
 
-from streamer.simulator import SimulatorTask
+from streamer.input.simulator import SimulatorTask
 from tests.reliability.relutil import http_get, metrics_base, start_worker
 from tests.workerutil import (
     committed_offsets,

@@ -19,7 +19,7 @@ import pytest
 from consumers.admin import wait_for_topic
 from consumers.errors import BrokerUnavailableError
 from consumers.settings import ConsumerSettings
-from streamer.simulator import produce
+from streamer.input.simulator import produce
 from tests.reliability.brokers import PrivateBroker, free_port
 from tests.reliability.relutil import error_lines, http_get, metrics_base, start_worker
 from tests.workerutil import (

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.simulator import produce
+from streamer.input.simulator import produce
 from tests.workerutil import (
     ROOT,
     RateProducer,

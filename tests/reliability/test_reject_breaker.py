@@ -11,7 +11,7 @@ import msgpack
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 
-from streamer.simulator import produce
+from streamer.input.simulator import produce
 from tests.workerutil import (
     WorkerProcess,
     committed_offsets,

@@ -21,7 +21,7 @@ import pytest
 from consumers.admin import wait_for_topic
 from consumers.errors import AuthenticationError, TlsHandshakeError
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings
-from streamer.simulator import produce
+from streamer.input.simulator import produce
 from tests.reliability.brokers import ROOT, USERS, Certs, PrivateBroker, free_port
 from tests.reliability.relutil import (
     error_lines,
@@ -480,7 +480,7 @@ def test_no_secret_in_logs_metrics_help_or_errors(
 
 @pytest.mark.timeout(120)
 def test_no_secret_in_exception_text_or_settings_repr(secure_broker: PrivateBroker) -> None:
-    from streamer.config import load_config
+    from streamer.cli.config import load_config
 
     secret = "exc-" + uuid.uuid4().hex
     bootstrap = secure_broker.listeners["SASL_PLAINTEXT"]
@@ -553,7 +553,7 @@ else:
     from consumers.admin import ensure_topic, group_lag, wait_for_topic
     from consumers.clients import open_client
     from consumers.settings import ConsumerSettings, Secret, SecuritySettings
-    from streamer.deadletter import DeadLetterWriter
+    from streamer.input.deadletter import DeadLetterWriter
 
     if p["mode"] == "confluent":  # librdkafka's own debug output, all of it
         import consumers.clients.confluent as adapter
@@ -692,7 +692,7 @@ _CLI_LOGGING = """
 import logging, sys
 from consumers.redact import protect
 from consumers.settings import Secret, SecuritySettings
-from streamer.cli import configure_logging
+from streamer.cli.commands import configure_logging
 
 password = sys.argv[1]
 configure_logging("DEBUG")

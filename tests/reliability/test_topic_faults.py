@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from streamer.simulator import produce
+from streamer.input.simulator import produce
 from tests.reliability.relutil import error_lines, http_get, metrics_base, start_worker
 from tests.workerutil import (
     audit_lines,

@@ -19,7 +19,7 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
         [
             sys.executable,
             "-m",
-            "streamer.cli",
+            "streamer.cli.commands",
             "bench",
             "--bootstrap",
             kafka_bootstrap,
@@ -79,7 +79,7 @@ def test_bench_confluent_modes_and_soak(kafka_bootstrap: str) -> None:
         [
             sys.executable,
             "-m",
-            "streamer.cli",
+            "streamer.cli.commands",
             "bench",
             "--bootstrap",
             kafka_bootstrap,
@@ -140,7 +140,7 @@ def test_bench_schema_measures_it_beside_fixed_shape_records(
     args = ["--bootstrap", kafka_bootstrap, "--schema", str(schema), "--records", "1500"]
     args += ["--shards", "2", "--repeats", "1", "--modes", "raw,pipeline", "--json"]
     proc = subprocess.run(
-        [sys.executable, "-m", "streamer.cli", "bench", *args],
+        [sys.executable, "-m", "streamer.cli.commands", "bench", *args],
         capture_output=True,
         text=True,
         timeout=280,
@@ -154,7 +154,7 @@ def test_bench_schema_measures_it_beside_fixed_shape_records(
     assert out["ratio_pipeline_fixed"] > 0 and out["ratio_raw_fixed"] > 0
     # A mode that needs the regression schema is refused for a schema of one's own.
     bad = subprocess.run(
-        [sys.executable, "-m", "streamer.cli", "bench", *args[:4], "--modes", "worker"],
+        [sys.executable, "-m", "streamer.cli.commands", "bench", *args[:4], "--modes", "worker"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from streamer.bench import _rss_mib
-from streamer.gctune import release_free_memory
+from benchmarks.pipeline import _rss_mib
+from streamer.ops.gctune import release_free_memory
 
 
 @pytest.mark.skipif(

@@ -1,6 +1,6 @@
 """The worker as real processes against the real broker: run to idle, kill -9, SIGTERM, restore.
 
-Each test starts ``python -m streamer.cli run`` (what the ``streamer`` console script runs) and
+Each test starts ``python -m streamer.cli.commands run`` (what the ``streamer`` console script runs) and
 judges it from the outside: the audit log (one ``topic,partition,offset`` line per trained
 sample), the group's committed offsets on the broker, the checkpoint directory and the log.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamer.simulator import produce
+from streamer.input.simulator import produce
 from tests.workerutil import (
     RateProducer,
     WorkerProcess,
@@ -402,7 +402,7 @@ def test_a_pass_ends_with_idle_shards_in_either_runtime(
     topic = make_topic(partitions)
     from kafka import KafkaProducer
 
-    from streamer.simulator import SimulatorTask
+    from streamer.input.simulator import SimulatorTask
 
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap)
     for value in SimulatorTask().records(1000, np.random.default_rng(3)):
@@ -460,10 +460,10 @@ def test_restart_restores_step_offsets_and_model_from_the_checkpoint(
 
     # The checkpoint, read with the worker's own Checkpointer, holds the last step and the
     # end offsets (everything was trained); the commits agree with it.
-    from streamer.checkpoint import Checkpointer
-    from streamer.model import load_model
-    from streamer.simulator import SimulatorTask
-    from streamer.train import Trainer
+    from streamer.input.simulator import SimulatorTask
+    from streamer.train.checkpoint import Checkpointer
+    from streamer.train.model import load_model
+    from streamer.train.trainer import Trainer
 
     bundle = load_model(None, SimulatorTask().schema())
     Trainer(bundle)  # builds the optimizer's slots, which the checkpoint holds too
@@ -533,7 +533,7 @@ def test_default_model_loss_falls_on_simulator_data(tmp_path: Path) -> None:
 
 EMBEDDED = """
 import os, signal, sys, threading, time
-from streamer.config import load_config
+from streamer.cli.config import load_config
 from streamer.worker import Worker
 
 cfg = load_config({"metrics_port": 0, "shards": 1, "sim_rate": 5000.0, "shutdown_timeout": 2.0}, env={})

@@ -1,0 +1,555 @@
+"""Benchmark: raw kafka-python, a naive per-record pipeline, ours, and the worker, side by side."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any
+
+import numpy as np
+
+from consumers.settings import ConsumerSettings, KafkaClient
+
+if TYPE_CHECKING:
+    from streamer.decode.schema import Schema
+    from streamer.input.simulator import Task
+
+__all__ = ["BenchResult", "run_bench"]
+
+log = logging.getLogger(__name__)
+
+MODES = (
+    "raw",
+    "naive",
+    "pipeline",
+    "pipeline-shuffle",
+    "pipeline-process",
+    "worker",
+    "worker-process",
+    "raw-confluent",
+    "pipeline-confluent",
+    "pipeline-confluent-process",
+    "worker-confluent",
+)
+#: The modes run when none are named: every mode of kafka-python, and confluent-kafka's when
+#: the package is installed (``pip install 'streamer[confluent]'``).
+DEFAULT_MODES = MODES[:7]
+SHUFFLE_BUFFER = 10_000  # records in the shuffle window of the pipeline-shuffle mode
+#: The modes that take any schema (``--schema``/``--task``); naive and worker are the
+#: regression task's (one decode per record of its two features; the built-in model).
+SCHEMA_MODES = ("raw", "pipeline", "pipeline-shuffle", "pipeline-process")
+#: Prefix of the baseline's modes: the same modes on the fixed-shape regression records.
+FIXED = "fixed:"
+
+
+@dataclass
+class BenchResult:
+    """Records/s per mode over repeats, plus the worker's input-wait fraction."""
+
+    topic: str
+    records: int
+    record_bytes: int
+    shards: int
+    rates: dict[str, list[float]] = field(default_factory=dict)
+    input_wait_fraction: dict[str, list[float]] = field(default_factory=dict)
+    soak: dict[str, float | str] | None = None
+    #: The codecs measured, first as the reference; with more than one, each mode's key in
+    #: ``rates`` is ``mode:codec``.
+    codecs: tuple[str, ...] = ("none",)
+    #: With a schema or task: its name, and the fixed-shape baseline topic.
+    task: str | None = None
+    baseline_topic: str | None = None
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "topic": self.topic,
+            "records": self.records,
+            "record_bytes": self.record_bytes,
+            "shards": self.shards,
+            "compression": list(self.codecs),
+            "modes": {},
+        }
+        for mode, rates in self.rates.items():
+            out["modes"][mode] = {
+                "records_per_second_median": statistics.median(rates),
+                "records_per_second_min": min(rates),
+                "records_per_second_max": max(rates),
+                "repeats": len(rates),
+            }
+        med = {m: statistics.median(r) for m, r in self.rates.items()}
+        if "pipeline" in med and "raw" in med:
+            out["ratio_pipeline_raw"] = med["pipeline"] / med["raw"]
+        if "pipeline" in med and "naive" in med:
+            out["ratio_pipeline_naive"] = med["pipeline"] / med["naive"]
+        if "pipeline-shuffle" in med and "pipeline" in med:
+            out["ratio_pipeline_shuffle_pipeline"] = med["pipeline-shuffle"] / med["pipeline"]
+        if "pipeline-process" in med and "raw" in med:
+            out["ratio_pipeline_process_raw"] = med["pipeline-process"] / med["raw"]
+        if "pipeline-process" in med and "naive" in med:
+            out["ratio_pipeline_process_naive"] = med["pipeline-process"] / med["naive"]
+        for mode, waits in self.input_wait_fraction.items():
+            key = mode.replace("-", "_") + "_input_wait_fraction"
+            out[key] = statistics.median(waits)
+        if "worker-process" in med and "worker" in med:
+            out["ratio_worker_process_worker"] = med["worker-process"] / med["worker"]
+        for num, den in (
+            ("pipeline-confluent", "raw-confluent"),
+            ("pipeline-confluent", "pipeline-process"),
+            ("pipeline-confluent", "pipeline"),
+            ("pipeline-confluent-process", "pipeline-confluent"),
+            ("worker-confluent", "worker-process"),
+            ("worker-confluent", "worker"),
+            ("raw-confluent", "raw"),
+        ):
+            if num in med and den in med:
+                out[f"ratio_{num}_{den}".replace("-", "_")] = med[num] / med[den]
+        if self.task is not None:
+            out["task"] = self.task
+            out["baseline_topic"] = self.baseline_topic
+            for mode in SCHEMA_MODES:
+                if mode in med and FIXED + mode in med:
+                    key = f"ratio_{mode.replace('-', '_')}_fixed"
+                    out[key] = med[mode] / med[FIXED + mode]
+                    # Each run right after its baseline run: the median of those pairs' ratios
+                    # cancels the drift of a shared machine better than a ratio of medians.
+                    pairs = zip(self.rates[mode], self.rates[FIXED + mode], strict=False)
+                    out[key + "_paired"] = statistics.median(a / b for a, b in pairs)
+        if self.soak is not None:
+            out["soak"] = self.soak
+        if len(self.codecs) > 1:
+            # Each codec's median against the first codec's, per mode: what decompression costs.
+            ref = self.codecs[0]
+            cost: dict[str, dict[str, float]] = {}
+            for key, rate in med.items():
+                mode, _, codec = key.partition(":")
+                base = med.get(f"{mode}:{ref}")
+                if base and codec != ref:
+                    cost.setdefault(codec, {})[mode] = rate / base
+            out["ratio_to_first_codec"] = cost
+        return out
+
+
+def _fill(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    record_bytes: int,
+    partitions: int,
+    compression: str = "none",
+    task: Task | None = None,
+) -> None:
+    from streamer.input.simulator import produce
+
+    produce(
+        bootstrap,
+        topic,
+        records,
+        partitions=partitions,
+        record_bytes=record_bytes,
+        progress=None,
+        compression=compression,
+        task=task,
+    )
+
+
+def _mean_record_bytes(task: Task) -> int:
+    values = task.records(2000, np.random.default_rng(0))
+    return round(sum(map(len, values)) / len(values))
+
+
+def _partitions(bootstrap: str, topic: str) -> list[int]:
+    from consumers.admin import wait_for_topic
+
+    settings = ConsumerSettings(bootstrap_servers=bootstrap, topic=topic)
+    return wait_for_topic(settings, attempts=2, topic_wait_s=0)
+
+
+def _settings(
+    bootstrap: str, topic: str, parts: list[int], shards: int, runtime: str = "thread"
+) -> ConsumerSettings:
+    return ConsumerSettings(
+        shard_runtime=runtime,  # type: ignore[arg-type]
+        bootstrap_servers=bootstrap,
+        topic=topic,
+        group_id=f"bench-{uuid.uuid4().hex[:8]}",
+        mode="static",
+        partitions=tuple(parts),
+        num_shards=shards,
+        worker_id=f"bench-{uuid.uuid4().hex[:6]}",
+    )
+
+
+def bench_raw(cs: ConsumerSettings, n: int) -> float:
+    """A plain poll loop with the same consumer settings, touching every value."""
+    from consumers.clients import read_values
+
+    got = 0
+    touched = 0
+    t0 = None
+    for values in read_values(cs):
+        if t0 is None:
+            t0 = time.perf_counter()
+        touched += sum(map(len, values))
+        got += len(values)
+        if got >= n:
+            break
+    t1 = time.perf_counter()
+    return got / (t1 - (t0 or t1) + 1e-9)
+
+
+def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
+    """The textbook pipeline: one record per generator call, one numpy_function per record."""
+    import tensorflow as tf
+
+    from consumers.clients import read_values
+    from streamer.decode.records import decode_block
+    from streamer.input.simulator import SimulatorTask
+
+    schema = SimulatorTask().schema()
+
+    def gen() -> Any:
+        sent = 0
+        for values in read_values(cs):
+            for value in values:
+                yield value
+                sent += 1
+                if sent >= n:
+                    return
+
+    def decode_one(value: bytes) -> tuple[np.ndarray, np.ndarray]:
+        d = decode_block(schema, [value])
+        return d.features["x"][0], d.features["y"][0]
+
+    def tf_decode(v: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        x, y = tf.numpy_function(decode_one, [v], [tf.float32, tf.float32])
+        x.set_shape(schema.feature("x").shape)
+        y.set_shape(())
+        return x, y
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([], tf.string))
+    ds = ds.map(tf_decode).batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    got = 0
+    t0 = None
+    for x, _y in ds:
+        if t0 is None:
+            t0 = time.perf_counter()
+        got += int(x.shape[0])
+    t1 = time.perf_counter()
+    return got / (t1 - (t0 or t1) + 1e-9)
+
+
+def bench_pipeline(
+    cs: ConsumerSettings,
+    n: int,
+    batch_size: int = 256,
+    shuffle_buffer: int = 0,
+    schema: Schema | None = None,
+) -> float:
+    """Our batched dataset, input only (with a shuffle window of ``shuffle_buffer`` records)."""
+    from streamer.input.pipeline import PipelineSettings
+    from streamer.input.simulator import SimulatorTask
+    from streamer.input.source import StreamSource
+
+    source = StreamSource(
+        schema or SimulatorTask().schema(),
+        PipelineSettings(
+            num_shards=cs.num_shards,
+            batch_size=batch_size,
+            pass_records=n,
+            idle_timeout_seconds=5,
+            shuffle_buffer=shuffle_buffer,
+        ),
+        consumer=cs,
+    )
+    got = 0
+    t0 = None
+    for batch in source.dataset():
+        if t0 is None:
+            t0 = time.perf_counter()
+        got += int(batch["offset"].shape[0])
+    t1 = time.perf_counter()
+    source.close()
+    return got / (t1 - (t0 or t1) + 1e-9)
+
+
+def bench_worker(
+    cs: ConsumerSettings, n: int, batch_size: int = 256, runtime: str = "thread"
+) -> tuple[float, float]:
+    """The worker with the default model: samples/s and the fraction of time waiting for input."""
+    from streamer.cli.config import load_config
+    from streamer.worker import Worker
+
+    cfg = load_config(
+        {
+            "bootstrap": cs.bootstrap_servers,
+            "topic": cs.topic,
+            "group": cs.group_id,
+            "partitions": ",".join(str(p) for p in cs.partitions or ()),
+            "shards": str(cs.num_shards),
+            "shard_runtime": runtime,
+            "kafka_client": cs.client,
+            "batch_size": str(batch_size),
+            "pass_records": str(n),
+            "stop_after_idle": "3",
+            "metrics_port": "0",
+            "log_level": "WARNING",
+            "status_interval": "3600",
+        },
+        env={},
+    )
+    worker = Worker(cfg)
+    worker.run()
+    assert worker.metrics is not None
+    reg = worker.metrics.registry
+    samples = reg.get_sample_value("streamer_samples_trained_total", {"topic": cs.topic}) or 0.0
+    wait = reg.get_sample_value("streamer_input_wait_seconds_sum") or 0.0
+    step = reg.get_sample_value("streamer_train_step_seconds_sum") or 0.0
+    # Time from the first to the last step: input wait + step time, the first wait excluded.
+    first = worker.first_wait_seconds or 0.0
+    busy = max(wait + step - first, 1e-9)
+    return samples / busy, (wait - first) / busy
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def soak(
+    bootstrap: str,
+    topic: str,
+    shards: int,
+    seconds: float,
+    out: IO[str],
+    schema: Schema | None = None,
+    client: KafkaClient = "kafka-python",
+) -> dict[str, float | str]:
+    """Read the topic again and again through the pipeline for ``seconds``: resident memory.
+
+    Like the worker: one source and one dataset, iterated once per pass (every pass opens fresh
+    shards in static mode and, committing nothing, reads the topic from its beginning at full
+    rate). The baseline is taken after a warm-up (a tenth of the soak, at most 60 s: allocator
+    arenas and TensorFlow's pools fill first); the report gives the growth from there, the
+    range, and a least-squares trend of RSS over time after the warm-up.
+    """
+    from streamer.input.pipeline import PipelineSettings
+    from streamer.input.simulator import SimulatorTask
+    from streamer.input.source import StreamSource
+
+    parts = _partitions(bootstrap, topic)
+    cs = dataclasses.replace(_settings(bootstrap, topic, parts, shards), client=client)
+    source = StreamSource(
+        schema or SimulatorTask().schema(),
+        PipelineSettings(num_shards=shards, batch_size=256, idle_timeout_seconds=2),
+        consumer=cs,
+    )
+    dataset = source.dataset()
+    warmup = min(60.0, seconds / 10)
+    records = passes = 0
+    samples: list[tuple[float, float]] = []  # (seconds since the baseline, RSS MiB)
+    t0 = time.monotonic()
+    base_t: float | None = None
+    while True:
+        now = time.monotonic()
+        if base_t is not None and now - base_t >= seconds:
+            break
+        source.resume()
+        source.begin_pass()
+        for batch in dataset:
+            records += int(batch["offset"].shape[0])
+            source.tracker.ack(batch["partition"].numpy(), batch["offset"].numpy())
+        source.end_pass()
+        passes += 1
+        now = time.monotonic()
+        if base_t is None and now - t0 >= warmup:
+            base_t = now
+        rss = _rss_mib()
+        if base_t is not None:
+            samples.append((now - base_t, rss))
+        out.write(f"  soak pass {passes}: {records:,} records, rss {rss:.0f} MiB\n")
+        out.flush()
+    source.close()
+    xs = np.array([x for x, _ in samples])
+    ys = np.array([y for _, y in samples])
+    slope = float(np.polyfit(xs, ys, 1)[0]) if len(samples) >= 3 else float("nan")
+    return {
+        "client": client,
+        "seconds": float(xs[-1]) if len(xs) else 0.0,
+        "warmup_seconds": warmup,
+        "passes": passes,
+        "records": records,
+        "rss_start_mib": float(ys[0]),
+        "rss_end_mib": float(ys[-1]),
+        "rss_growth_mib": float(ys[-1] - ys[0]),
+        "rss_min_mib": float(ys.min()),
+        "rss_max_mib": float(ys.max()),
+        "rss_trend_mib_per_hour": slope * 3600,
+    }
+
+
+def run_bench(
+    bootstrap: str,
+    *,
+    records: int = 100_000,
+    record_bytes: int = 1024,
+    shards: int = 4,
+    repeats: int = 3,
+    topic: str | None = None,
+    modes: tuple[str, ...] = MODES,
+    naive_records: int = 20_000,
+    soak_seconds: float = 0.0,
+    soak_client: KafkaClient = "kafka-python",
+    task: Task | None = None,
+    task_name: str | None = None,
+    progress: IO[str] | None = None,
+    codecs: tuple[str, ...] = ("none",),
+) -> BenchResult:
+    """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times.
+
+    With several ``codecs``, one topic per codec is filled and every mode runs on each (the
+    result's keys are ``mode:codec``), so decompression costs are compared in one run.
+
+    With ``task`` (random records of a schema, or a simulator task), its records fill the
+    topic (padded to ``record_bytes`` when it is not 0) and a second topic gets regression
+    records of the same mean size (the fixed-shape baseline); every mode (``SCHEMA_MODES``
+    only) runs on both, alternating, as ``mode`` and ``fixed:mode``. One codec then.
+    """
+    out = progress or sys.stderr
+    import tensorflow  # noqa: F401  (imported before the GC settings, as in the worker)
+
+    from streamer.ops.gctune import tune_gc
+
+    tune_gc()  # every mode runs with the worker's GC settings
+    if task is not None and len(codecs) > 1:
+        raise ValueError("a task or schema is measured with one codec")
+    schema = task.schema() if task is not None else None
+    size = record_bytes
+    if task is not None and not record_bytes:
+        size = _mean_record_bytes(task)  # the records as they are: their mean size
+
+    def fill(what: str, codec: str, fill_task: Task | None, fill_bytes: int) -> str:
+        name = f"bench-{what}-{fill_bytes}b-{codec}-{uuid.uuid4().hex[:8]}"
+        out.write(f"filling {name} with {records:,} records of ~{fill_bytes} B ({codec})\n")
+        _fill(bootstrap, name, records, fill_bytes, max(shards, 4), codec, fill_task)
+        return name
+
+    def runner(mode: str, sch: Schema | None) -> Callable[[ConsumerSettings], Any]:
+        def process(cs: ConsumerSettings) -> ConsumerSettings:
+            return dataclasses.replace(cs, shard_runtime="process")
+
+        def confluent(cs: ConsumerSettings) -> ConsumerSettings:
+            return dataclasses.replace(cs, client="confluent")
+
+        return {
+            "raw": lambda cs: bench_raw(cs, records),
+            "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
+            "pipeline": lambda cs: bench_pipeline(cs, records, schema=sch),
+            "pipeline-shuffle": lambda cs: bench_pipeline(
+                cs, records, shuffle_buffer=SHUFFLE_BUFFER, schema=sch
+            ),
+            "pipeline-process": lambda cs: bench_pipeline(process(cs), records, schema=sch),
+            "worker": lambda cs: bench_worker(cs, records),
+            "worker-process": lambda cs: bench_worker(cs, records, runtime="process"),
+            "raw-confluent": lambda cs: bench_raw(confluent(cs), records),
+            "pipeline-confluent": lambda cs: bench_pipeline(confluent(cs), records, schema=sch),
+            "pipeline-confluent-process": lambda cs: bench_pipeline(
+                process(confluent(cs)), records, schema=sch
+            ),
+            "worker-confluent": lambda cs: bench_worker(confluent(cs), records),
+        }[mode]
+
+    # (key in the result, topic, how to measure it)
+    plan: list[tuple[str, str, Callable[[ConsumerSettings], Any]]] = []
+    paired = task is not None
+    if task is None:
+        for codec in codecs:
+            name = topic or fill("sim", codec, None, record_bytes)
+            for mode in modes:
+                key = mode if len(codecs) == 1 else f"{mode}:{codec}"
+                plan.append((key, name, runner(mode, None)))
+        first = plan[0][1]
+        result = BenchResult(first, records, record_bytes, shards, codecs=codecs)
+    else:
+        first = topic or fill("task", codecs[0], task, record_bytes)
+        baseline = fill("fixed", codecs[0], None, size)
+        result = BenchResult(first, records, size, shards, codecs=codecs, task=task_name)
+        result.baseline_topic = baseline
+        for mode in modes:
+            # Each mode right after its baseline: the two see the same state of the machine.
+            plan.append((FIXED + mode, baseline, runner(mode, None)))
+            plan.append((mode, first, runner(mode, schema)))
+    parts_of = {name: _partitions(bootstrap, name) for _, name, _ in plan}
+    for r in range(repeats):
+        # Rotate the order every repeat so that drift on a shared machine cancels out.
+        step = 2 if paired else 1
+        shift = (r * step) % len(plan)
+        order = plan[shift:] + plan[:shift]
+        if paired and r % 2:  # and which of a pair goes first
+            order = [m for i in range(0, len(order), 2) for m in (order[i + 1], order[i])]
+        for key, name, run in order:
+            value = run(_settings(bootstrap, name, parts_of[name], shards))
+            if key.removeprefix(FIXED).startswith("worker"):
+                rate, wait = value
+                result.input_wait_fraction.setdefault(key, []).append(wait)
+            else:
+                rate = value
+            result.rates.setdefault(key, []).append(rate)
+            out.write(f"  repeat {r + 1}/{repeats} {key:<22} {rate:>12,.0f} records/s\n")
+            out.flush()
+    if soak_seconds > 0:
+        result.soak = soak(bootstrap, first, shards, soak_seconds, out, schema, soak_client)
+    return result
+
+
+def format_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"topic {summary['topic']}: {summary['records']:,} records of ~{summary['record_bytes']} B, "
+        f"{summary['shards']} shards",
+        *(
+            [f"records of {summary['task']}; fixed: regression records of the same mean size"]
+            if "task" in summary
+            else []
+        ),
+        f"{'mode':<22} {'median rec/s':>14} {'min':>12} {'max':>12}",
+    ]
+    for mode, m in summary["modes"].items():
+        lines.append(
+            f"{mode:<22} {m['records_per_second_median']:>14,.0f} {m['records_per_second_min']:>12,.0f} "
+            f"{m['records_per_second_max']:>12,.0f}"
+        )
+    for key in (
+        "ratio_pipeline_raw",
+        "ratio_pipeline_naive",
+        "ratio_pipeline_shuffle_pipeline",
+        "ratio_pipeline_process_raw",
+        "ratio_pipeline_process_naive",
+        "worker_input_wait_fraction",
+        "ratio_worker_process_worker",
+        "worker_process_input_wait_fraction",
+        *(f"ratio_{m.replace('-', '_')}_fixed{p}" for m in SCHEMA_MODES for p in ("", "_paired")),
+        *(k for k in summary if k.startswith("ratio_") and "confluent" in k),
+        *(k for k in summary if k.endswith("_input_wait_fraction") and "confluent" in k),
+    ):
+        if key in summary:
+            lines.append(f"{key}: {summary[key]:.2f}")
+    for codec, ratios in summary.get("ratio_to_first_codec", {}).items():
+        text = ", ".join(f"{mode} {ratio:.2f}" for mode, ratio in ratios.items())
+        lines.append(f"{codec} / {summary['compression'][0]}: {text}")
+    if "soak" in summary:
+        sk = summary["soak"]
+        lines.append(
+            f"soak ({sk['client']}): {sk['seconds']:.0f} s after {sk['warmup_seconds']:.0f} s of warm-up, "
+            f"{sk['records']:,} records, rss {sk['rss_start_mib']:.0f} -> {sk['rss_end_mib']:.0f} MiB "
+            f"(growth {sk['rss_growth_mib']:+.1f} MiB, range {sk['rss_min_mib']:.0f}-"
+            f"{sk['rss_max_mib']:.0f}, trend {sk['rss_trend_mib_per_hour']:+.0f} MiB/h)"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,596 @@
+"""DistributedWorker: one model trained by N worker processes in lock-step
+(MultiWorkerMirroredStrategy), each reading its own partitions.
+
+Every round, each worker (1) cuts a batch of exactly --batch-size rows from its own input,
+padding with weight-0 rows what did not come within --pad-after-seconds; (2) all-reduces a
+small control vector (real rows, stop, idle, checkpoint due, full batch, last loss); (3) when
+a row is real anywhere, takes one training step whose loss is normalised by the all-reduced
+real count (else no weight changes: an idle step); (4) acks its real rows' offsets, which
+travel inside the batch. Every decision after that (stop, checkpoint) is a function of
+all-reduced values and the step count, so all workers take it at the same round. A
+checkpoint all-reduces every partition's offset (each worker fills its own), the chief writes
+it (the others write throwaway copies that are removed), and each worker then commits its own
+partitions. At start-up the chief restores the latest checkpoint and broadcasts model,
+optimizer, step and offsets: no other worker reads the checkpoint directory. A collective that
+fails (a peer died) ends the process at once with an error naming the lost worker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import queue
+import shutil
+import threading
+import time
+from typing import IO, Any
+
+import numpy as np
+import tensorflow as tf
+
+from consumers.errors import ConfigError, PipelineError, StreamerError
+from streamer.cli.config import WorkerConfig
+from streamer.cluster.padding import END, Batch, PaddedBatcher
+from streamer.cluster.strategy import ClusterStep, is_peer_loss, make_strategy, weights_digest
+from streamer.cluster.topology import (
+    Control,
+    Topology,
+    decide,
+    lost_worker,
+    offsets_from_vector,
+    offsets_vector,
+    should_wait,
+    worker_partitions,
+)
+from streamer.committer import CommitSchedule, Committer
+from streamer.decode.columns import flat_outputs, to_batch
+from streamer.decode.ragged import Column, RaggedColumn
+from streamer.input.offsets import OffsetTracker
+from streamer.input.source import StreamSource
+from streamer.input.stream_position import StreamPosition
+from streamer.lifecycle import Lifecycle
+from streamer.ops.audit import AuditLog
+from streamer.runtime import dead_letter_writer, new_metrics, serve_metrics, stream_start
+from streamer.train.checkpoint import Checkpointer
+from streamer.train.model import load_model
+
+__all__ = ["DistributedWorker", "PeerLostError", "check_config"]
+
+log = logging.getLogger("streamer.worker")
+
+#: Decoded blocks buffered between the input pipeline's reader thread and the batcher.
+_QUEUE_BLOCKS = 8
+#: A pass never ends on idle shards in multi-worker training: a worker whose input pauses
+#: pads its batches instead (its consumers stay open).
+_NO_IDLE_END_S = 10.0**9
+#: After a lost peer: the seconds given to closing the consumers, and to all of the clean-up
+#: before the process exits anyway.
+_ABORT_CLOSE_S = 1.0
+#: The model's compiled metrics are read (an all-reduce) and reported every this many steps.
+_TRAIN_METRICS_EVERY_STEPS = 100
+_ABORT_CLEANUP_S = 5.0
+
+
+class PeerLostError(StreamerError):
+    """A collective failed: another worker died or the cluster aborted."""
+
+    def __init__(self, topology: Topology, lost: str, detail: str) -> None:
+        self.lost = lost
+        first = _gist(detail)
+        super().__init__(
+            f"{topology.describe()} lost {lost}: {first}. Exiting: restart every worker "
+            "together (they resume from the last checkpoint)"
+        )
+
+
+def _gist(message: str) -> str:
+    """The line of a TensorFlow error that says what happened (its first line is often just
+    "Graph execution error:")."""
+    lines = [x.strip() for x in message.splitlines() if x.strip()]
+    for key in ("aborted by:", "unhealthy", "Connection", "connect", "Unavailable", "UNAVAILABLE"):
+        for line in lines:
+            if key in line:
+                return line
+    useful = [x for x in lines if not x.endswith(":") and not x.startswith(("[[", "Detected at"))]
+    return (useful or lines or ["(no message)"])[0]
+
+
+def check_config(cfg: WorkerConfig, topology: Topology) -> None:
+    """Options that have no meaning (yet) for one model on N workers, refused at start-up."""
+    if cfg.bootstrap is None:
+        raise ConfigError(
+            "bootstrap", None, f"{topology.describe()}: multi-worker training reads Kafka"
+        )
+    for name, why in (
+        ("eval_topic", "evaluate on one worker of its own from the chief's checkpoints"),
+        ("export_dir", "export from the chief's checkpoints"),
+        ("logdir", "not supported with several workers yet"),
+        ("profile_steps", "not supported with several workers yet"),
+        ("pass_records", "a multi-worker pass lasts the whole run (quiet input is padded)"),
+        ("pass_seconds", "a multi-worker pass lasts the whole run (quiet input is padded)"),
+        ("replay", "replay a range with one worker"),
+    ):
+        if getattr(cfg, name) is not None:
+            raise ConfigError(name, getattr(cfg, name), f"{topology.describe()}: {why}")
+    if cfg.start_from != "committed":
+        # Each worker would look its own partitions up, but the chief's checkpoint names every
+        # partition: a partition not read yet would be checkpointed at the old offset.
+        raise ConfigError(
+            "start_from",
+            cfg.start_from,
+            f"{topology.describe()}: not with several workers; move the group first "
+            "(streamer reset-group --to ..., with the checkpoint directory cleared), or train "
+            "the range with one worker (streamer replay)",
+        )
+    if cfg.mixed_precision:
+        raise ConfigError(
+            "mixed_precision",
+            True,
+            f"{topology.describe()}: not with several workers yet (Keras' loss scaling checks "
+            "each worker's gradients before they are all-reduced, so workers could disagree "
+            "on skipping a step and wait for each other forever)",
+        )
+
+
+class DistributedWorker(Lifecycle):
+    """One worker of a multi-worker cluster; ``run()`` returns the exit code.
+
+    ``exit_now`` is True after ``run()`` when the process should end at once (a lost peer or
+    another failure: TensorFlow's collective runtime may keep it from exiting). The life it
+    shares with a worker of its own is ``streamer.lifecycle.Lifecycle``; the commit sequence
+    ``streamer.committer.Committer`` (with a cluster's save, ``_save``).
+
+    >>> code = DistributedWorker(config, topology).run()   # doctest: +SKIP
+    """
+
+    stop_plan = "every worker checkpoints at the next round, then exits"
+
+    def __init__(
+        self, config: WorkerConfig, topology: Topology, *, status_out: IO[str] | None = None
+    ) -> None:
+        check_config(config, topology)
+        super().__init__(config, status_out=status_out)
+        self.topology = topology
+        self.exit_now = False
+        self._reader: threading.Thread | None = None
+        self._reader_stop = threading.Event()
+        self.blocks: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_BLOCKS)
+        self._formed = False
+
+    # ---- set-up -----------------------------------------------------------------------------
+
+    def _build(self) -> None:
+        cfg, topo = self.config, self.topology
+        # MWMS configures TensorFlow's collective runtime: before any other TensorFlow op.
+        log.info(
+            "multi-worker training: %s (%s), chief at %s; joining the cluster",
+            topo.describe(),
+            topo.source,
+            topo.hosts[0],
+        )
+
+        from consumers.admin import wait_for_topic
+
+        # Metrics and probes first (no TensorFlow op): forming the cluster waits for every
+        # worker, and a probe should find this one alive meanwhile.
+        metrics = self.metrics = new_metrics(cfg, workers=topo.count)
+        self.server = serve_metrics(cfg, metrics, self.health)
+        from streamer.ops.tfstart import quiet_start
+
+        with quiet_start():  # TensorFlow's runtime starts here: its start-up noise filtered
+            strategy = make_strategy(topo)
+        if self._signal_watch is not None:
+            self._signal_watch.rearm()  # TensorFlow's coordination service took SIGTERM
+        if cfg.seed is not None:
+            tf.keras.utils.set_random_seed(cfg.seed)
+        self.schema = cfg.load_schema()
+        with strategy.scope():
+            self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
+        self.steps = ClusterStep(strategy, self.bundle, topo, jit_compile=cfg.jit_compile)
+
+        ids: dict[str, str] = {}
+        everything = wait_for_topic(
+            cfg.consumer_settings(),
+            health=self.health,
+            stop=self._stopping,
+            topic_ids=ids,
+            broker_wait_s=cfg.broker_wait_seconds,
+        )
+        if cfg.partitions:
+            everything = sorted(set(everything) & set(cfg.partitions))
+        self.num_partitions = max(everything) + 1
+        self.partitions = worker_partitions(everything, topo.index, topo.count)
+        if not self.partitions:
+            raise ConfigError(
+                "cluster",
+                topo.count,
+                f"{topo.count} workers but {len(everything)} partitions to read: every worker "
+                "needs at least one (run at most as many workers as partitions)",
+            )
+        self._mine = frozenset(self.partitions)
+
+        restored = self._restore(ids.get(cfg.topic))
+        start = stream_start(cfg, None, restored)  # --start-from is refused: the checkpoint's
+        self.position = StreamPosition(start.offsets)
+        self.tracker = OffsetTracker()
+        local = dataclasses.replace(
+            cfg, partitions=tuple(self.partitions), shards=min(cfg.shards, len(self.partitions))
+        )
+        settings = dataclasses.replace(
+            local.pipeline_settings(), idle_timeout_seconds=_NO_IDLE_END_S
+        )
+        self.source = StreamSource(
+            self.schema,
+            settings,
+            consumer=local.consumer_settings(),
+            tracker=self.tracker,
+            metrics=metrics,
+            health=self.health,
+            dead_letter=dead_letter_writer(
+                local, local.consumer_settings(), len(everything), self.tracker, metrics
+            ),
+            start=start,
+        )
+        self.dataset = self.source.flat_blocks()
+        self.batcher = PaddedBatcher(self.schema, cfg.batch_size, pad_after=cfg.pad_after_seconds)
+        self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
+        threading.Thread(target=self._watch, name="streamer-readiness", daemon=True).start()
+
+    def _restore(self, topic_id: str | None) -> dict[int, int]:
+        """The chief restores the latest checkpoint and every worker takes its state (model,
+        optimizer, step, offsets) by broadcast; returns this worker's partitions' offsets."""
+        cfg, topo = self.config, self.topology
+        step, offsets = 0, dict[int, int]()
+        if cfg.checkpoint_dir:
+            self.checkpointer = Checkpointer(
+                cfg.checkpoint_dir, self.bundle, topic=cfg.topic, keep=cfg.checkpoint_keep
+            )
+            if topo.chief:
+                found = self.checkpointer.restore()
+                if found is not None:
+                    step, offsets = found
+                    if not self.checkpointer.adopt_topic_id(topic_id):
+                        offsets = {}
+            else:
+                self.checkpointer.topic_id = topic_id
+                shutil.rmtree(self._throwaway_dir(), ignore_errors=True)  # a crash's leftovers
+        extra = np.concatenate(([float(step)], offsets_vector(offsets, self.num_partitions)))
+        try:
+            shared = self.steps.broadcast(extra)
+        except tf.errors.OpError as exc:
+            raise self._peer_lost(exc) from exc
+        self.step = int(shared[0])
+        mine = {p: o for p, o in offsets_from_vector(shared[1:]).items() if p in self._mine}
+        log.info(
+            "cluster restore: step %d, offsets %s weights %s",
+            self.step,
+            mine,
+            weights_digest(self.bundle.model),
+        )
+        return mine
+
+    def _throwaway_dir(self) -> str:
+        assert self.config.checkpoint_dir is not None
+        return os.path.join(self.config.checkpoint_dir, f"workertemp_{self.topology.index}")
+
+    def _watch(self) -> None:
+        """Every second: readiness (cluster formed, partitions assigned) and queue depths."""
+        while not self._finished.wait(1.0):
+            source = self.source
+            if source is None:
+                continue
+            self.watch_queues()
+            if self._stopping.is_set():
+                continue
+            assigned = source.assigned_partitions()
+            if not self._formed:
+                self.health.set_ready(False, "waiting for the first round of the cluster")
+            elif assigned == 0:
+                self.health.set_ready(False, "no partitions assigned")
+            else:
+                self.health.set_ready(
+                    True, f"{self.topology.describe()} stepping, {assigned} partitions assigned"
+                )
+
+    # ---- the input: a thread turns tf.data's decoded blocks into numpy columns ---------------
+
+    def _read(self) -> None:
+        assert self.source is not None
+        source = self.source
+        iterator = iter(self.dataset)
+        try:
+            while not self._reader_stop.is_set():
+                try:
+                    out = next(iterator)
+                except StopIteration:
+                    self._put(END)
+                    return
+                except tf.errors.OpError as exc:
+                    cause = source.shard_failure()
+                    if isinstance(cause, StreamerError):
+                        raise cause from exc
+                    raise PipelineError("the input pipeline", exc.message) from exc
+                self._put(self._columns(out))
+        except BaseException as exc:
+            self._put(exc)
+        finally:
+            del iterator
+            gc.collect()
+
+    def _put(self, item: Any) -> None:
+        while not self._reader_stop.is_set():
+            try:
+                self.blocks.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def _columns(self, out: tuple[tf.Tensor, ...]) -> list[Column]:
+        arrays = [t.numpy() for t in out]
+        cols: list[Column] = []
+        at = 0
+        for f in self.schema.features:
+            if f.is_variable:
+                cols.append(RaggedColumn(arrays[at], arrays[at + 1]))
+                at += 2
+            else:
+                cols.append(arrays[at])
+                at += 1
+        return [*cols, *arrays[at:]]
+
+    def _features(self, batch: Batch) -> dict[str, Any]:
+        return to_batch(self.schema, [tf.constant(a) for a in flat_outputs(batch.columns)])
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _run(self) -> int:
+        cfg = self.config
+        self._build()
+        log.info(
+            "worker %s starting at step %d: cluster=%d/%d chief=%s partitions=%s %s",
+            cfg.worker_id,
+            self.step,
+            self.topology.index,
+            self.topology.count,
+            "yes" if self.topology.chief else "no",
+            ",".join(map(str, self.partitions)),
+            _describe(cfg),
+        )
+        reason = self._loop()
+        if self.source is not None and self.source.reject_limit is not None:
+            raise self.source.reject_limit
+        self._close_input()  # the consumers' last commits land before the final frame
+        if self.status is not None:
+            self.status.maybe(self.step, self.loss, final=True)
+            self.status.end()
+        log.info("stopped (%s) at step %d", reason, self.step)
+        return cfg.peer_stop_exit_code if reason.startswith("another worker") else 0
+
+    def _failed(self, exc: StreamerError) -> int:
+        self.exit_now = True  # peers must not wait in a collective for this worker
+        if isinstance(exc, PeerLostError):
+            # Closing the consumers is worth a moment, never a hang.
+            deadline = threading.Timer(_ABORT_CLEANUP_S, os._exit, args=(1,))
+            deadline.daemon = True
+            deadline.start()
+            self._abandon()
+            return 1
+        return exc.exit_code
+
+    def _crashed(self, exc: Exception) -> int:
+        # A bug or an unexpected library error: the peers must not wait in a collective for
+        # this worker, so it ends like a lost peer would (exit_now).
+        log.error("%s: worker failed", self.topology.describe(), exc_info=exc)
+        self.exit_now = True
+        return 1
+
+    def _peer_lost(self, exc: tf.errors.OpError) -> StreamerError:
+        if not is_peer_loss(exc):
+            return StreamerError(f"{self.topology.describe()}: training failed: {exc.message}")
+        return PeerLostError(self.topology, lost_worker(exc.message, self.topology), exc.message)
+
+    def _loop(self) -> str:
+        try:
+            return self._rounds()
+        except tf.errors.OpError as exc:
+            raise self._peer_lost(exc) from exc
+
+    def _rounds(self) -> str:
+        cfg, topo, metrics = self.config, self.topology, self.metrics
+        assert metrics is not None and self.source is not None
+        status = self.new_status()
+        committer = Committer(
+            self.source,
+            self.tracker,
+            self.position,
+            metrics,
+            commits=CommitSchedule(
+                cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
+            ),
+            # The rounds decide when (a step count or the chief's clock, all-reduced).
+            checkpoints=None
+            if self.checkpointer is None
+            else CommitSchedule(cfg.checkpoint_every_steps, 10.0**9, step=self.step),
+            save=None if self.checkpointer is None else self._save,
+            audit=self.audit,
+        )
+        self._last_checkpoint = (self.step, time.monotonic())
+        self.source.resume()
+        self.source.begin_pass()
+        self._reader = threading.Thread(target=self._read, name="streamer-input", daemon=True)
+        self._reader.start()
+        wait = True
+        loss_sum, loss_rows = 0.0, 0
+        last_data = time.monotonic()
+        while True:
+            batch = self.batcher.next(self.blocks, wait=wait)
+            t1 = time.perf_counter()  # the round's step time: the all-reduces and the step
+            now = time.monotonic()
+            if batch.real:
+                last_data = now
+            done = (self.batcher.ended and not self.batcher.pending) or (
+                cfg.stop_after_idle is not None and now - last_data >= cfg.stop_after_idle
+            )
+            timer = (
+                topo.chief
+                and self.checkpointer is not None
+                and now - self._last_checkpoint[1] >= cfg.checkpoint_every_seconds
+            )
+            if self.source.reject_limit is not None and not self._stopping.is_set():
+                self.request_stop("the reject breaker tripped")
+            stop_here = self._stopping.is_set()  # what this worker says, and why, once
+            ctrl = self.steps.sync(
+                Control.local(
+                    real=batch.real,
+                    stop=stop_here,
+                    done=done,
+                    checkpoint=timer,
+                    full=batch.real == batch.size,
+                    loss_sum=loss_sum,
+                )
+            )
+            if loss_rows:
+                self.loss = float(ctrl[Control.LOSS]) / loss_rows
+            rows = round(float(ctrl[Control.REAL]))
+            loss_sum, loss_rows = 0.0, 0
+            applied = True
+            if rows:
+                # Applied or skipped alike on every worker: the verdict is all-reduced.
+                loss_sum, applied = self.steps.train(self._features(batch), batch.weight, rows)
+                if applied:
+                    loss_rows = rows
+                    self.step += 1
+                else:
+                    loss_sum = 0.0
+            t2 = time.perf_counter()
+            self._after_step(batch, rows, applied, t2 - t1)
+            decision = decide(
+                ctrl,
+                workers=topo.count,
+                step=self.step,
+                last_checkpoint_step=self._last_checkpoint[0],
+                checkpoint_every_steps=cfg.checkpoint_every_steps if self.checkpointer else None,
+                max_steps=cfg.max_steps,
+                stopping_here=self._stop_reason if stop_here else None,
+                stop_after_idle=cfg.stop_after_idle,
+            )
+            if decision.stop is not None and self.source.reject_limit is None:
+                self.source.settle_rejects()  # a clean stop: the rejects so far are judged
+            if decision.checkpoint and self.checkpointer is not None:
+                committer.checkpoint(self.step)
+            elif self.checkpointer is None and (decision.stop or committer.commits.due(self.step)):
+                committer.commit(committer.done_points(), self.step)
+            status.waited(batch.waited)
+            status.maybe(self.step, self.loss)
+            wait = should_wait(ctrl, mine=batch.real, full=batch.real == batch.size)
+            if decision.stop is not None:
+                return decision.stop
+
+    def _after_step(self, batch: Batch, rows: int, applied: bool, seconds: float) -> None:
+        """Ack this worker's real rows (their offsets came with the batch), count the round.
+
+        A skipped step (not finite) holds its rows until a step is applied; every worker counts
+        the same run of skipped rounds, so all stop together when it is too long."""
+        metrics = self.metrics
+        assert metrics is not None
+        part, off, ts = batch.metadata()
+        if rows and not applied:
+            self.skipped_step(part, off, everywhere=True)
+        elif rows:
+            self.applied_step(self.tracker.ack)
+        if batch.real and applied:
+            if self.audit is not None:
+                self.audit.add(part, off)
+            self.tracker.ack(part, off)
+            metrics.observe_trained(part, off, ts, time.time())
+        if rows and applied:
+            loss = None if np.isnan(self.loss) else self.loss
+            metrics.observe_step(batch.real, seconds, batch.waited, loss)
+            if self.step % _TRAIN_METRICS_EVERY_STEPS == 0:
+                # Reading Keras' metrics all-reduces them: every worker at the same step.
+                metrics.observe_train_metrics(self.steps.metric_values())
+        metrics.observe_round(batch.padded, idle=not rows)
+        self.health.beat("trainer")
+        self._formed = True
+
+    # ---- checkpoints and commits --------------------------------------------------------------
+
+    def _save(self, step: int, positions: dict[int, int]) -> dict[int, int] | None:
+        """Every worker at the same round: offsets all-reduced (each fills its own), the
+        chief's checkpoint written (throwaway copies elsewhere, as MWMS needs every worker
+        to save); returns this worker's partitions' offsets to commit, or None when a save
+        failed anywhere."""
+        assert self.checkpointer is not None
+        mine = {p: o for p, o in positions.items() if p in self._mine}
+        offsets = offsets_from_vector(self.steps.sync(offsets_vector(mine, self.num_partitions)))
+        self.health.beat("trainer")
+        path = ""
+        try:
+            if self.topology.chief:
+                path = self.checkpointer.save(step, offsets)
+            else:
+                path = self.checkpointer.write_copy(
+                    os.path.join(self._throwaway_dir(), f"ckpt-{step}"), step, offsets
+                )
+            ok = True
+        except (OSError, tf.errors.OpError) as exc:
+            # A save is local (no collective): a full or read-only volume is this worker's
+            # failure, not a lost peer. A peer that is really gone shows at the sync below.
+            log.error("checkpoint at step %d failed: %s", step, exc)
+            ok = False
+        finally:
+            if not self.topology.chief:
+                shutil.rmtree(self._throwaway_dir(), ignore_errors=True)
+        saved = round(float(self.steps.sync(np.array([float(ok)], np.float32))[0]))
+        self.health.beat("trainer")
+        if saved < self.topology.count:
+            log.error(
+                "checkpoint at step %d failed on %d of %d workers: nothing committed",
+                step,
+                self.topology.count - saved,
+                self.topology.count,
+            )
+            return None
+        log.info(
+            "checkpoint %s at step %d weights %s", path, step, weights_digest(self.bundle.model)
+        )
+        self._last_checkpoint = (step, time.monotonic())
+        return {p: o for p, o in offsets.items() if p in self._mine}
+
+    # ---- shutdown -----------------------------------------------------------------------------
+
+    def _abandon(self) -> None:
+        """A lost peer: the input pipeline may never stop cleanly now (TensorFlow aborted its
+        collectives); keep what is written, close the consumers for a moment at most."""
+        self._stopping.set()
+        self._reader_stop.set()
+        self._reader = None  # not joined
+        if self.audit is not None:
+            self.audit.close()
+            self.audit = None
+        source, self.source = self.source, None
+        if source is not None:
+            source.stop()
+            closing = threading.Thread(target=source.close, name="streamer-abort", daemon=True)
+            closing.start()
+            closing.join(_ABORT_CLOSE_S)
+
+    def _close_input(self) -> None:
+        """Stop the input reader and close the consumers (their commits are sent first)."""
+        self._reader_stop.set()
+        source, self.source = self.source, None
+        if source is not None:
+            source.stop()
+        if self._reader is not None:
+            self._reader.join(10.0)
+            self._reader = None
+        if source is not None:
+            source.close()
+
+
+def _describe(cfg: WorkerConfig) -> str:
+    d = cfg.describe()
+    keys = "bootstrap topic group shards batch_size pad_after_seconds checkpoint_dir metrics_port"
+    return " ".join(f"{k}={d[k]}" for k in keys.split())

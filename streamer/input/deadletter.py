@@ -1,0 +1,454 @@
+"""DeadLetterWriter: records that fail to decode go to a dead-letter topic, done once acknowledged.
+
+A dead letter always advances: a letter the dead-letter topic can never take (too large,
+invalid) is written again without its value, so the source partition's commit point moves on.
+"""
+
+from __future__ import annotations
+
+import collections
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "HEADER_ERROR",
+    "HEADER_OFFSET",
+    "HEADER_ORIGINAL_SIZE",
+    "HEADER_PARTITION",
+    "HEADER_REASON",
+    "HEADER_TOPIC",
+    "DeadLetterBacklogFull",
+    "DeadLetterWriter",
+    "is_permanent",
+]
+
+log = logging.getLogger("streamer.deadletter")
+
+HEADER_TOPIC = "streamer.input.source.topic"
+HEADER_PARTITION = "streamer.input.source.partition"
+HEADER_OFFSET = "streamer.input.source.offset"
+HEADER_REASON = "streamer.reason"
+#: Header-only letters: the rejected record's size in bytes (its value is not in the letter).
+HEADER_ORIGINAL_SIZE = "streamer.original.size"
+#: Header-only letters: the name of the produce error that refused the whole letter.
+HEADER_ERROR = "streamer.produce.error"
+
+Done = Callable[[int, int], None]
+
+#: Retries of a failed write wait 1 s, doubling to this.
+_MAX_RETRY_S = 30.0
+#: A failed write is logged at once, then at most once per this many seconds (with a count).
+_LOG_EVERY_S = 10.0
+#: The producer's max_request_size when the dead-letter topic's max.message.bytes is unknown.
+_DEFAULT_MAX_REQUEST = 16 * 1024 * 1024
+#: Added to the topic's max.message.bytes for the producer's own (estimated) size check: a
+#: letter near the limit is left to the broker, which measures it exactly.
+_REQUEST_HEADROOM = 64 * 1024
+
+
+def is_permanent(exc: BaseException) -> bool:
+    """True when writing the same letter again can never succeed: the letter itself is refused.
+
+    Too large for the topic (``MessageSizeTooLargeError``, raised by the producer's own check
+    or by the broker; Java's ``RecordTooLargeException`` is the same error code;
+    ``RecordListTooLargeError``), refused as invalid (``InvalidRecordError``,
+    ``CorruptRecordError``), and any other error response the broker marks non-retriable.
+    Retrying those would freeze the source partition's commit point forever.
+
+    Authorization and authentication errors are not permanent here: they concern the
+    worker's principal, not the letter; an operator grants the ACL at run time and the same
+    write then succeeds (and a header-only letter would be refused the same way). Client-side
+    conditions (timeouts, a lost connection, a producer closed under a write, a missing topic)
+    and anything that is not a Kafka error response are retried too.
+    """
+    import kafka.errors as kerrors
+
+    if isinstance(
+        exc,
+        (
+            kerrors.MessageSizeTooLargeError,
+            kerrors.RecordListTooLargeError,
+            kerrors.InvalidRecordError,
+            kerrors.CorruptRecordError,
+        ),
+    ):
+        return True
+    if isinstance(exc, (kerrors.AuthorizationError, kerrors.SaslAuthenticationFailedError)):
+        return False
+    return isinstance(exc, kerrors.BrokerResponseError) and not exc.retriable
+
+
+class DeadLetterBacklogFull(RuntimeError):
+    """The writer holds ``max_backlog_bytes`` of unwritten records: a new one is not taken."""
+
+
+@dataclass(order=True)
+class _Letter:
+    due: float
+    seq: int
+    value: bytes = field(compare=False)
+    topic: str = field(compare=False)
+    partition: int = field(compare=False)
+    offset: int = field(compare=False)
+    reason: str = field(compare=False)
+    attempts: int = field(default=0, compare=False)
+    #: Set on a header-only letter: the record's size and the error that refused it whole.
+    original_size: int | None = field(default=None, compare=False)
+    error: str | None = field(default=None, compare=False)
+
+
+class DeadLetterWriter:
+    """Writes rejected records to ``topic`` with headers naming their origin and the reason.
+
+    ``send()`` never blocks: it queues the record for a writer thread of its own, so a broker
+    that is slow or down, or a topic that is missing, never holds up the decode op that found
+    the record. ``on_done(partition, offset)`` is called only once the broker acknowledged the
+    write: only then does the source record count as done for committing. A write that fails
+    (including after the producer's own retries, or a send that cannot get the topic's
+    metadata within ``max_block_ms``) with a retriable error leaves the record not done, so the
+    commit point stays below it; it is reported through ``on_failure`` and retried, 1 s
+    doubling to 30 s, for as long as the writer runs. Good records keep training meanwhile.
+
+    A dead letter always advances. A write refused for good (:func:`is_permanent`: too large
+    for the dead-letter topic, invalid) is reported through ``on_failure`` and replaced by a
+    header-only letter: an empty value, the origin and reason headers, the record's size
+    (``HEADER_ORIGINAL_SIZE``) and the error's name (``HEADER_ERROR``); once that is written the
+    record is done. Retrying the whole letter could never succeed and would hold the source
+    partition's commit point below it forever, so its good records would be trained again on
+    every pass. If even the header-only letter is refused for good, the record is logged at
+    ERROR, counted (``lost`` and ``on_failure``) and treated as done all the same (``on_done``
+    is called): it is in no dead-letter topic, but the partition never freezes.
+
+    ``max_message_bytes`` is the dead-letter topic's ``max.message.bytes`` (None: unknown):
+    the producer's ``max_request_size`` is sized to it (plus headroom, at least 1 MiB), so a
+    letter the topic can take is sent, and one well beyond it is refused by the producer
+    before it crosses the network (the broker refuses those just beyond it).
+    ``max_record_bytes``, the largest record the source topic holds (its
+    ``max.message.bytes``), sizes the backlog to hold two such records.
+
+    Memory is bounded: records waiting to be written hold at most ``max_backlog_bytes``; a
+    record that does not fit is not taken (``on_failure`` gets ``DeadLetterBacklogFull``) and
+    stays not done: the commit point stays below it and it is read again after a restart.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        on_done: Done,
+        on_failure: Callable[[BaseException], None] | None = None,
+        security: dict[str, Any] | None = None,
+        producer_factory: Callable[..., Any] | None = None,
+        max_backlog_bytes: int = 64 * 1024 * 1024,
+        max_block_ms: int = 5_000,
+        max_message_bytes: int | None = None,
+        max_record_bytes: int | None = None,
+    ) -> None:
+        from kafka import KafkaProducer
+
+        factory = producer_factory or KafkaProducer
+        self.topic = topic
+        largest = max(max_message_bytes or 0, max_record_bytes or 0)
+        # A backlog smaller than one record would refuse it on every pass: a frozen partition.
+        self.max_backlog_bytes = max(max_backlog_bytes, 2 * largest)
+        max_request_size = (
+            max(max_message_bytes + _REQUEST_HEADROOM, 1024 * 1024)
+            if max_message_bytes
+            else _DEFAULT_MAX_REQUEST
+        )
+        self._on_done = on_done
+        self._on_failure = on_failure
+        self._cond = threading.Condition()
+        self._new: collections.deque[_Letter] = collections.deque()
+        self._retry: list[_Letter] = []  # a heap by due time
+        self._seq = itertools.count()
+        self._backlog_bytes = 0
+        self._waiting: set[tuple[str, int, int]] = set()  # (topic, partition, offset) taken
+        self._closing = False
+        self.pending = 0  # taken and not yet acknowledged: queued, retrying or in flight
+        self.written = 0
+        self.failed = 0  # failed attempts (a record retried three times counts three)
+        self.refused = 0  # records not taken: the backlog was full
+        self.header_only = 0  # letters refused whole for good, written without their value
+        self.lost = 0  # records whose header-only letter was refused too: done, not written
+        self._failures_unlogged = 0
+        self._logged_at = -1e9
+        #: Rate limits of the header-only and lost log lines: kind -> (last logged, unlogged).
+        self._log_limits: dict[str, tuple[float, int]] = {}
+        self._config: dict[str, Any] = dict(
+            bootstrap_servers=bootstrap_servers,
+            client_id="streamer-dead-letter",
+            acks="all",
+            # Not idempotent: kafka-python 3.0.12's idempotent producer turns any
+            # non-retriable batch error (a letter too large for the topic) into a fatal state
+            # that fails every later write. Dead letters are at least once anyway.
+            enable_idempotence=False,
+            retries=5,
+            linger_ms=20,
+            max_block_ms=max_block_ms,
+            request_timeout_ms=10_000,
+            delivery_timeout_ms=15_000,
+            max_request_size=max_request_size,
+            **(security or {}),
+        )
+        self._factory = factory
+        self._producer: Any = factory(**self._config)
+        #: Set by a failed write: the next write uses a new producer (see _fresh_producer).
+        self._renew = False
+        self._thread = threading.Thread(target=self._run, name="streamer-dead-letter", daemon=True)
+        self._thread.start()
+
+    # ---- the decode side (never blocks) ---------------------------------------------------
+
+    def send(
+        self, value: bytes, source_topic: str, partition: int, offset: int, reason: str
+    ) -> None:
+        """Queue one rejected record; returns at once.
+
+        A record already waiting is not queued again: a new pass reads it again (the commit
+        point stayed below it) while its first write is retried; that write's ``on_done``
+        makes it done then.
+        """
+        key = (source_topic, partition, offset)
+        with self._cond:
+            if key in self._waiting:
+                return
+            if self._closing or self._backlog_bytes + len(value) > self.max_backlog_bytes:
+                self.refused += 1
+                refused = True
+            else:
+                refused = False
+                self._waiting.add(key)
+                self._backlog_bytes += len(value)
+                self.pending += 1
+                self._new.append(
+                    _Letter(0.0, next(self._seq), value, source_topic, partition, offset, reason)
+                )
+                self._cond.notify_all()
+        if refused:
+            self._report(
+                DeadLetterBacklogFull(
+                    f"{self.max_backlog_bytes} bytes of dead letters are waiting to be written"
+                ),
+                f"{source_topic}/{partition}@{offset}",
+            )
+
+    # ---- the writer thread ----------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                letter = self._next_due()
+                while letter is None:
+                    if self._closing:
+                        return
+                    wait = self._retry[0].due - time.monotonic() if self._retry else None
+                    self._cond.wait(wait if wait is None else max(wait, 0.0))
+                    letter = self._next_due()
+            self._write(letter)
+
+    def _next_due(self) -> _Letter | None:
+        """The next letter to write (caller holds the lock): new ones first, then due retries."""
+        if self._new:
+            return self._new.popleft()
+        if self._retry and self._retry[0].due <= time.monotonic():
+            return heapq.heappop(self._retry)
+        return None
+
+    def _fresh_producer(self) -> bool:
+        """After a failed write, replace the producer; False if no new one could be made.
+
+        kafka-python keeps a topic's metadata (partition leader epochs) after the topic was
+        deleted, and ignores the metadata of a topic created again under the name as stale:
+        its writes then never complete. A new producer starts from fresh metadata.
+        """
+        if not self._renew:
+            return True
+        try:
+            producer = self._factory(**self._config)
+        except Exception as exc:  # the broker is down: the letter waits for the next try
+            log.debug("dead-letter producer not recreated: %r", exc)
+            return False
+        old, self._producer, self._renew = self._producer, producer, False
+        try:
+            old.close(timeout=0)  # its unfinished writes fail and are retried on the new one
+        except Exception as exc:
+            log.debug("closing the old dead-letter producer: %r", exc)
+        return True
+
+    def _write(self, letter: _Letter) -> None:
+        if not self._fresh_producer():
+            self._failed(letter, RuntimeError("no dead-letter producer (broker unreachable?)"))
+            return
+        headers = [
+            (HEADER_TOPIC, letter.topic.encode()),
+            (HEADER_PARTITION, str(letter.partition).encode()),
+            (HEADER_OFFSET, str(letter.offset).encode()),
+            (HEADER_REASON, letter.reason.encode()),
+        ]
+        if letter.error is not None:
+            headers.append((HEADER_ORIGINAL_SIZE, str(letter.original_size).encode()))
+            headers.append((HEADER_ERROR, letter.error.encode()))
+        try:
+            # Blocks up to max_block_ms while the topic's metadata is unknown (missing topic,
+            # broker down): this thread's time, never a decode op's.
+            future = self._producer.send(self.topic, value=letter.value, headers=headers)
+        except Exception as exc:
+            self._failed(letter, exc)
+            return
+        future.add_callback(lambda _meta: self._written(letter))
+        future.add_errback(lambda exc: self._failed(letter, exc))
+
+    def _written(self, letter: _Letter) -> None:
+        with self._cond:
+            self.pending -= 1
+            self.written += 1
+            self._backlog_bytes -= len(letter.value)
+            self._waiting.discard((letter.topic, letter.partition, letter.offset))
+            self._cond.notify_all()
+        self._on_done(letter.partition, letter.offset)
+
+    def _failed(self, letter: _Letter, exc: BaseException) -> None:
+        if is_permanent(exc):
+            self._refused_for_good(letter, exc)
+            return
+        with self._cond:
+            self._renew = True
+            self.failed += 1
+            letter.attempts += 1
+            letter.due = time.monotonic() + min(_MAX_RETRY_S, 2.0 ** (letter.attempts - 1))
+            heapq.heappush(self._retry, letter)
+            self._cond.notify_all()
+        self._report(exc, f"{letter.topic}/{letter.partition}@{letter.offset}")
+
+    def _refused_for_good(self, letter: _Letter, exc: BaseException) -> None:
+        """The broker (or the producer's own check) will never take this letter.
+
+        A whole letter is queued again as a header-only letter; a header-only letter that is
+        refused too is given up: counted, logged at ERROR and made done, so that its source
+        partition's commit point moves on.
+        """
+        where = f"{letter.topic}/{letter.partition}@{letter.offset}"
+        error = type(exc).__name__
+        if letter.error is None:
+            size = len(letter.value)
+            with self._cond:
+                self.header_only += 1
+                self._backlog_bytes -= size
+                letter.original_size, letter.error, letter.value = size, error, b""
+                letter.attempts, letter.due = 0, 0.0
+                self._new.append(letter)
+                self._cond.notify_all()
+            if self._on_failure is not None:
+                self._on_failure(exc)
+            count = self._may_log("header_only")
+            if count:
+                log.warning(
+                    "dead-letter topic %r refused the letter of %s (%d bytes) for good (%s; %d "
+                    "such letters since the last message): writing it without its value, with "
+                    "headers %s and %s; raise the topic's max.message.bytes if it was too large",
+                    self.topic,
+                    where,
+                    size,
+                    error,
+                    count,
+                    HEADER_ORIGINAL_SIZE,
+                    HEADER_ERROR,
+                )
+            return
+        with self._cond:
+            self.lost += 1
+            self.pending -= 1
+            self._waiting.discard((letter.topic, letter.partition, letter.offset))
+            self._cond.notify_all()
+        if self._on_failure is not None:
+            self._on_failure(exc)
+        count = self._may_log("lost")
+        if count:
+            log.error(
+                "dead-letter topic %r refused even the header-only letter of %s for good (%s; "
+                "%d such records since the last message): the record is in no dead-letter "
+                "topic and counts as done, so that its partition's commits move on; check the "
+                "topic's configuration (max.message.bytes)",
+                self.topic,
+                where,
+                error,
+                count,
+            )
+        self._on_done(letter.partition, letter.offset)
+
+    def _may_log(self, kind: str) -> int:
+        """Occurrences of ``kind`` to log now (0: not now): the first at once, then one line per
+        10 s with the count since the last."""
+        now = time.monotonic()
+        with self._cond:
+            logged_at, unlogged = self._log_limits.get(kind, (-1e9, 0))
+            unlogged += 1
+            if now - logged_at < _LOG_EVERY_S:
+                self._log_limits[kind] = (logged_at, unlogged)
+                return 0
+            self._log_limits[kind] = (now, 0)
+            return unlogged
+
+    def _report(self, exc: BaseException, where: str) -> None:
+        """Count a failure; log the first at once, then one line per 10 s with a count."""
+        if self._on_failure is not None:
+            self._on_failure(exc)
+        now = time.monotonic()
+        with self._cond:
+            self._failures_unlogged += 1
+            if now - self._logged_at < _LOG_EVERY_S:
+                return
+            count, self._failures_unlogged = self._failures_unlogged, 0
+            self._logged_at = now
+            waiting = self.pending
+        log.error(
+            "dead-letter write to %r failed (%s, e.g. for %s; %d failures since the last "
+            "message); %d records wait, uncommitted, and are retried; training goes on",
+            self.topic,
+            type(exc).__name__,
+            where,
+            count,
+            waiting,
+        )
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        """Wait until every taken record was written; False if some still wait at ``timeout``."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+        return True
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Try to write what waits for up to ``timeout`` seconds, then stop.
+
+        Records still unwritten stay not done: the commit point is below them and they are
+        read (and dead-lettered) again after a restart.
+        """
+        done = self.flush(timeout)
+        with self._cond:
+            self._closing = True
+            waiting = self.pending
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        if not done:
+            log.warning(
+                "%d dead letters for %r were not written before the stop; their records stay "
+                "uncommitted and are read again after a restart",
+                waiting,
+                self.topic,
+            )
+        self._producer.close(timeout=min(timeout, 5.0) if not done else timeout)

@@ -1,0 +1,203 @@
+"""ShardRouter: the source's side of its shards: who owns which partition, where commits go,
+and every shard event routed to the offset tracker, metrics and health."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from consumers import ShardHooks, ShardLike
+from streamer.input.offsets import OffsetTracker
+
+if TYPE_CHECKING:
+    from streamer.ops.health import Health
+    from streamer.ops.metrics import Metrics
+
+__all__ = ["ShardRouter"]
+
+log = logging.getLogger("streamer.routing")
+
+
+class ShardRouter(ShardHooks):
+    """The shards of one source: their hooks, their partitions, their commits.
+
+    ``restore`` holds where partitions start (a checkpoint, or ``--start-from``) until the
+    pass ends: a first assignment may be short-lived, and the next owner starts from what is
+    done by then. ``topic_missing`` is what the last shard to look said, kept across passes
+    (a new pass's shards have not looked yet) until one finds the topic or is assigned.
+    """
+
+    def __init__(
+        self,
+        topic: str,
+        tracker: OffsetTracker,
+        *,
+        metrics: Metrics | None = None,
+        health: Health | None = None,
+        restore: dict[int, int] | None = None,
+        restore_reason: str = "checkpoint",
+    ) -> None:
+        self.topic = topic
+        self.tracker = tracker
+        self.metrics = metrics
+        self.health = health
+        self._lock = threading.Lock()
+        self._open: list[ShardLike] = []
+        self._owner: dict[int, int] = {}
+        self._paused: dict[int, int] = {}
+        self._restore: dict[int, int] = dict(restore or {})
+        #: Why each restore offset is there (the seek's log line says it).
+        self._reasons: dict[int, str] = dict.fromkeys(self._restore, restore_reason)
+        self.topic_missing = False
+
+    # ---- the shards --------------------------------------------------------------------------
+
+    def add(self, shard: ShardLike) -> None:
+        with self._lock:
+            self._open.append(shard)
+
+    def remove(self, shard: ShardLike) -> bool:
+        """Forget a shard; False if it was not (or no longer) open."""
+        with self._lock:
+            if shard in self._open:
+                self._open.remove(shard)
+                return True
+        return False
+
+    def take_all(self) -> list[ShardLike]:
+        """Every open shard, forgotten (the pass ends); the restore offsets are used up."""
+        with self._lock:
+            shards, self._open = self._open, []
+            self._restore.clear()
+            self._reasons.clear()
+        return shards
+
+    def shards(self) -> list[ShardLike]:
+        with self._lock:
+            return list(self._open)
+
+    def restore_offsets(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self._restore)
+
+    def seek_reason(self, partition: int) -> str:
+        with self._lock:
+            return self._reasons.get(partition, "checkpoint")
+
+    def assigned_count(self) -> int:
+        with self._lock:
+            return len(self._owner)
+
+    def queued_records(self) -> int:
+        return sum(s.queued_records for s in self.shards())
+
+    def failure(self) -> BaseException | None:
+        return next((s.failed for s in self.shards() if s.failed is not None), None)
+
+    def commit(self, points: dict[int, int]) -> None:
+        """Each partition's point to the shard that owns it now; a partition between owners (a
+        rebalance under way) is sent again next time, and shards drop what is committed."""
+        for shard in self.shards():
+            owned = shard.assigned
+            mine = {p: o for p, o in points.items() if p in owned}
+            if mine:
+                shard.commit(mine)
+
+    # ---- hooks -------------------------------------------------------------------------------
+
+    def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+        with self._lock:
+            self._owner.update(dict.fromkeys(partitions, shard_index))
+            if partitions:
+                self.topic_missing = False
+            seeks = {p: self._restore[p] for p in partitions if p in self._restore}
+        if self.metrics is not None:
+            self.metrics.partitions_assigned(partitions)
+            self.metrics.rebalance("assigned")
+        return seeks
+
+    def _forget(self, shard_index: int, partitions: list[int], event: str) -> dict[int, int]:
+        """Drop the tracker state of partitions ``shard_index`` gives up; return their points.
+
+        Only partitions this shard still owns: the tracker is keyed by partition alone, and a
+        late revocation (a consumer closed after its session expired, or a child process's
+        event arriving after a sibling's assignment) must not erase the new owner's records.
+        """
+        with self._lock:
+            mine = [p for p in partitions if self._owner.get(p, shard_index) == shard_index]
+            points = self.tracker.revoke(mine)
+            for p in mine:
+                self._owner.pop(p, None)
+                if p in self._restore and p in points:
+                    # The next owner starts from what is done, not from the checkpoint again.
+                    self._restore[p] = points[p]
+                    self._reasons[p] = "trained up to here before a revocation"
+        if self.metrics is not None:
+            self.metrics.partitions_revoked(mine)
+            self.metrics.rebalance(event)  # type: ignore[arg-type]
+        return points
+
+    def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+        return self._forget(shard_index, partitions, "revoked")
+
+    def on_lost(self, shard_index: int, partitions: list[int]) -> None:
+        self._forget(shard_index, partitions, "lost")
+
+    def on_poll(
+        self,
+        shard_index: int,
+        records: int,
+        nbytes: int,
+        highwater: dict[int, int],
+        position: dict[int, int],
+    ) -> None:
+        if self.health is not None:
+            self.health.beat("poller")
+        m = self.metrics
+        if m is None:
+            return
+        m.observe_poll(records, nbytes, time.time())
+        for p, hw in highwater.items():
+            m.set_high_watermark(p, hw)
+        for p, pos in position.items():
+            m.set_position(p, pos)
+
+    def on_stable_offsets(self, shard_index: int, offsets: dict[int, int]) -> None:
+        if self.metrics is not None:
+            for p, off in offsets.items():
+                self.metrics.set_last_stable(p, off)
+
+    def on_commit(
+        self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
+    ) -> None:
+        if self.metrics is not None:
+            self.metrics.observe_commit(offsets, ok, seconds)
+
+    def on_topic_missing(self, shard_index: int, missing: bool) -> None:
+        with self._lock:
+            self.topic_missing = missing
+            if missing and self._restore:
+                # A topic that exists again is a new topic: checkpoint offsets of the old
+                # one would skip its records.
+                log.warning(
+                    "topic %r is missing: its checkpoint offsets no longer apply", self.topic
+                )
+                self._restore.clear()
+                self._reasons.clear()
+
+    def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
+        if self.metrics is not None:
+            self.metrics.seed_committed(offsets)
+
+    def on_error(self, kind: str, exc: BaseException) -> None:
+        if self.metrics is not None:
+            self.metrics.kafka_error(kind)
+
+    def on_paused(self, shard_index: int, paused: int) -> None:
+        with self._lock:
+            self._paused[shard_index] = paused
+            total = sum(self._paused.values())
+        if self.metrics is not None:
+            self.metrics.set_paused(total)

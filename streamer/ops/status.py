@@ -1,0 +1,137 @@
+"""StatusLine: the worker's progress, live on a terminal, as key=value log lines otherwise.
+
+The rate is over **training time**: the samples trained since the last frame divided by the
+time since then less the waits for input of a second or more (an idle stream is not a slow
+worker); the final frame shows the whole run's rate over its training time. On a terminal a
+log record never lands on the live line: the handler clears it, writes the record, and draws
+the line again (``LiveLineHandler``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import IO
+
+from streamer.ops.metrics import Metrics
+
+__all__ = ["IDLE_WAIT_S", "LiveLineHandler", "StatusLine"]
+
+log = logging.getLogger("streamer.worker")  # the progress lines keep their logger name
+
+#: A wait for input this long or longer is idle time, not training time.
+IDLE_WAIT_S = 1.0
+
+_CLEAR = "\r\x1b[K"
+
+_active_lock = threading.Lock()
+_active: StatusLine | None = None
+
+
+class StatusLine:
+    """A live status line on a terminal, key=value log lines otherwise."""
+
+    def __init__(
+        self,
+        out: IO[str],
+        interval: float,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        self.out = out
+        self.tty = out.isatty()
+        self.interval = 1.0 if self.tty else interval
+        self.metrics = metrics
+        self._clock = clock or time.monotonic
+        self._last = self._clock()
+        self._last_samples = 0.0
+        self._idle = 0.0  # idle waits since the last frame
+        self._start = self._last
+        self._idle_total = 0.0
+        self._frame = ""
+        self._shown = False  # the first step is always shown: where the loss starts
+        if self.tty:
+            global _active
+            with _active_lock:
+                _active = self
+
+    def waited(self, seconds: float) -> None:
+        """The trainer waited ``seconds`` for input: a wait of a second or more is idle."""
+        if seconds >= IDLE_WAIT_S:
+            self._idle += seconds
+            self._idle_total += seconds
+
+    def maybe(self, step: int, loss: float, force: bool = False, final: bool = False) -> None:
+        now = self._clock()
+        if not force and not final and self._shown and now - self._last < self.interval:
+            return
+        self._shown = True
+        snap = self.metrics.snapshot()
+        samples = snap["samples_trained"]
+        if final:  # the whole run over its training time: a true last frame
+            busy = now - self._start - self._idle_total
+            rate = samples / busy if busy > 0 and samples else 0.0
+        else:
+            busy = now - self._last - self._idle
+            rate = (samples - self._last_samples) / busy if busy > 0 else 0.0
+        self._last, self._last_samples, self._idle = now, samples, 0.0
+        lag = int(snap["consumer_lag_records"])
+        commits = int(snap["offset_commits_success"])
+        if self.tty:
+            self._frame = (
+                f"step {step:>9,} | {rate:>9,.0f} samples/s | lag {lag:>10,} | loss {loss:.4f} "
+                f"| trained {int(samples):,} | commits {commits:,}"
+            )
+            with _active_lock:
+                self.out.write(_CLEAR + self._frame)
+                self.out.flush()
+        else:
+            log.info(
+                "progress step=%d samples_per_second=%.0f lag=%d loss=%.5f samples_trained=%d "
+                "decode_errors=%d commits=%d%s",
+                step,
+                rate,
+                lag,
+                loss,
+                samples,
+                snap["decode_errors"],
+                commits,
+                " (final: samples/s over the run's training time)" if final else "",
+            )
+
+    def end(self) -> None:
+        global _active
+        with _active_lock:
+            if _active is self:
+                _active = None
+            if self.tty and self._frame:
+                self.out.write("\n")
+                self.out.flush()
+                self._frame = ""
+
+    # ---- for LiveLineHandler -------------------------------------------------------------------
+
+    def _clear_for(self, stream: IO[str]) -> bool:
+        if self.tty and self._frame and stream is self.out:
+            stream.write(_CLEAR)
+            return True
+        return False
+
+    def _redraw(self) -> None:
+        self.out.write(self._frame)
+        self.out.flush()
+
+
+class LiveLineHandler(logging.StreamHandler):
+    """A StreamHandler that moves a live status line out of a log record's way."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with _active_lock:
+            line = _active
+            cleared = line is not None and line._clear_for(self.stream)
+            super().emit(record)
+            if cleared and line is not None:
+                line._redraw()

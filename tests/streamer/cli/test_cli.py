@@ -1,0 +1,206 @@
+"""The ``streamer`` command as a new user meets it: usage errors, start-up, ``lag``."""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from streamer.cli.replay import RANGE_FORMS
+from streamer.ops.tfstart import NO_GPU_NOISE, NOISE, nvidia_present
+from tests.streamer.cli.test_replay import streamer
+
+
+def test_an_unknown_flag_is_one_line_with_a_suggestion() -> None:
+    for command, extra in (("run", []), ("replay", ["--from", "earliest", "--to", "latest"])):
+        out = streamer(command, *extra, "--no-such-flag", "1", timeout=60)
+        assert out.returncode == 2
+        assert f"streamer {command}: error: unrecognized arguments: --no-such-flag 1" in out.stderr
+        assert len(out.stderr.splitlines()) <= 2, out.stderr  # not 59 lines of usage
+    out = streamer("run", "--bootstrp", "127.0.0.1:1", timeout=60)
+    assert out.returncode == 2
+    assert "did you mean: --bootstrp -> --bootstrap?" in out.stderr, out.stderr
+
+
+def test_no_abbreviations_booleans_as_plain_flags_and_enums_in_any_case() -> None:
+    out = streamer("run", "--max-step", "10", timeout=60)
+    assert out.returncode == 2 and "--max-steps" in out.stderr, out.stderr
+    out = streamer(
+        "run", "--jit-compile", "--no-mixed-precision", "--log-level", "info",
+        "--auto-offset-reset", "LATEST", "--print-config", timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    assert rows["jit_compile"] == ["True", "--jit-compile"]
+    assert rows["mixed_precision"] == ["False", "--mixed-precision"]  # the flag pair
+    assert rows["log_level"] == ["INFO", "--log-level"]
+    assert rows["auto_offset_reset"] == ["latest", "--auto-offset-reset"]
+    help_text = " ".join(streamer("run", "--help", timeout=60).stdout.split())
+    assert "--jit-compile, --no-jit-compile" in help_text
+    assert "env STREAMER_JIT_COMPILE=true|false; TOML jit_compile = true|false" in help_text
+
+
+def test_print_config_shows_each_setting_and_where_it_came_from(tmp_path: Path) -> None:
+    config = tmp_path / "worker.toml"
+    config.write_text('topic = "from-file"\nshards = 3\n', encoding="utf-8")
+    out = streamer(
+        "run", "--config", str(config), "--shards", "5", "--print-config",
+        env={"STREAMER_BATCH_SIZE": "64", "STREAMER_SASL_PASSWORD": "hunter2-secret"},
+        timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split()[1:] for line in out.stdout.splitlines()}
+    assert rows["topic"] == ["from-file", str(config)]
+    assert rows["shards"] == ["5", "--shards"]
+    assert rows["batch_size"] == ["64", "STREAMER_BATCH_SIZE"]
+    assert rows["sasl_password"] == ["***", "STREAMER_SASL_PASSWORD"]
+    assert rows["learning_rate"] == ["0.001", "default"]
+    assert "hunter2-secret" not in out.stdout + out.stderr
+
+
+def test_replay_range_errors_exit_2_and_say_what_the_help_says() -> None:
+    help_text = " ".join(streamer("replay", "--help", timeout=60).stdout.split())
+    assert f"start of the range: {RANGE_FORMS}" in help_text
+    assert f"end of the range, not included: {RANGE_FORMS}" in help_text
+    cases = {
+        ("2026-01-02T00:00:00Z", "2026-01-01T00:00:00Z"): "must be after --from",
+        ("1767225600000", "1767225600000"): "must be after --from",
+        ("earliest", "earliest"): "must be after --from",
+        ("latest", "latest"): "must be after --from",
+        ("yesterday", "latest"): RANGE_FORMS,
+        ("earliest", "tomorrow"): RANGE_FORMS,
+    }
+    for (lo, hi), message in cases.items():
+        out = streamer("replay", "--bootstrap", "127.0.0.1:1", "--from", lo, "--to", hi, timeout=60)
+        assert out.returncode == 2, (lo, hi, out.stderr[-1000:])
+        assert message in out.stderr, (lo, hi, out.stderr[-1000:])
+        assert "Traceback" not in out.stderr
+
+
+def test_replay_takes_bootstrap_from_the_environment() -> None:
+    """Honoured (not 'give --bootstrap', exit 2): it fails reaching that broker, exit 1."""
+    out = streamer(
+        "replay", "--from", "earliest", "--to", "latest",
+        env={"STREAMER_BOOTSTRAP": "127.0.0.1:1"}, timeout=240,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr[-2000:]
+    assert "no Kafka broker answered at 127.0.0.1:1" in out.stderr
+
+
+def test_impossible_run_settings_fail_before_tensorflow_loads() -> None:
+    for args, message in (
+        (["--eval-topic", "held-out"], "eval_topic='held-out': needs --bootstrap"),
+        (["--dead-letter-topic", "dlq"], "dead_letter_topic='dlq': needs --bootstrap"),
+        (["--profile-steps", "5:10"], "needs --logdir"),
+        (["--checkpoint-every-steps", "0"], "a positive integer"),
+    ):
+        out = streamer("run", *args, env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=120)
+        assert out.returncode == 2, (args, out.stderr[-1000:])
+        assert message in out.stderr, (args, out.stderr[-1000:])
+        # PYTHONPROFILEIMPORTTIME lists every module imported: TensorFlow never was.
+        assert not re.search(r"\|\s+tensorflow$", out.stderr, re.M), args
+
+
+@pytest.mark.timeout(300)
+def test_start_up_is_quiet_and_names_runtime_and_devices() -> None:
+    out = streamer("run", "--max-steps", "5", "--metrics-port", "0", timeout=240)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stderr.splitlines()
+    start = next(line for line in lines if "starting at step" in line)
+    assert "shard_runtime=thread " in start  # the simulator's shards, not "auto"
+    assert re.search(r" devices=(CPU|GPU:\d(,GPU:\d)*) ", start), start
+    drop = NOISE if nvidia_present() else NOISE + NO_GPU_NOISE
+    noise = [line for line in lines if any(p.search(line) for p in drop)]
+    assert noise == [], noise
+    # Only the worker's own lines: every line is a log record of ours.
+    assert all(re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ \w+ ", line) for line in lines), lines
+
+
+@pytest.mark.kafka
+def test_lag_of_an_unknown_group(kafka_bootstrap: str, make_topic: Callable[..., str]) -> None:
+    topic = make_topic(2)
+    from streamer.input.simulator import produce
+
+    produce(kafka_bootstrap, topic, 100, partitions=2)
+    group = f"nobody-{uuid.uuid4().hex[:8]}"
+    out = streamer("lag", "--bootstrap", kafka_bootstrap, "--group", group, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert f"group '{group}' has no committed offsets (unknown group)" in out.stderr
+    assert "TOTAL" not in out.stdout
+    out = streamer(
+        "lag", "--bootstrap", kafka_bootstrap, "--group", group, "--topic", topic, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    total = next(line for line in out.stdout.splitlines() if line.startswith("TOTAL"))
+    assert total.split()[-1] == "100"
+    assert (
+        f"note: group '{group}' has no committed offsets on {topic} (unknown group): its lag is the whole topic"
+        in out.stdout
+    )
+
+
+@pytest.mark.kafka
+def test_lag_and_reset_group_read_the_connection_from_the_environment(
+    kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    """STREAMER_BOOTSTRAP (and --config) reach every command that talks to Kafka."""
+    topic = make_topic(1)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    env = {"STREAMER_BOOTSTRAP": kafka_bootstrap}
+    out = streamer("simulate", "--topic", topic, "--records", "50", env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "produced 50 records" in out.stderr  # off a terminal, a summary line
+    out = streamer("lag", "--group", group, "--topic", topic, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    out = streamer("reset-group", "--group", group, "--topic", topic, "--to", "latest", env=env)
+    assert out.returncode == 0 and "dry run" in out.stdout, out.stderr
+    out = streamer("lag", "--group", group, timeout=60)
+    assert out.returncode == 2 and "STREAMER_BOOTSTRAP" in out.stderr, out.stderr
+
+
+def test_replay_help_lists_only_what_replay_uses() -> None:
+    help_text = streamer("replay", "--help", timeout=60).stdout
+    for used in ("--from", "--to", "--checkpoint-dir", "--bootstrap", "--batch-size"):
+        assert used in help_text, used
+    for unused in (
+        "--eval-topic",
+        "--sim-rate",
+        "--stop-after-idle",
+        "--cluster-workers",
+        "--group ",
+    ):
+        assert unused not in help_text, unused
+
+
+_OURS = re.compile(r"^\d{4}-\d\d-\d\d \S+ (WARNING|ERROR|CRITICAL) ")
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["run", "--metrics-port", "0", "--broker-wait-seconds", "6"],
+        ["replay", "--from", "earliest", "--to", "latest", "--broker-wait-seconds", "6"],
+        ["simulate", "--topic", "t", "--records", "10"],
+        ["lag", "--group", "g"],
+        ["reset-group", "--group", "g", "--topic", "t", "--to", "earliest"],
+    ],
+    ids=lambda c: c[0],
+)
+def test_no_broker_is_one_clear_error_in_bounded_time(command: list[str]) -> None:
+    """Every command that talks to Kafka, with nothing listening: exit 1 within its bound,
+    one error line that names the address, and no library noise before it."""
+    t0 = time.monotonic()
+    out = streamer(*command, "--bootstrap", "127.0.0.1:1", timeout=300)
+    took = time.monotonic() - t0
+    assert out.returncode == 1, out.stderr[-3000:]
+    errors = [x for x in out.stderr.splitlines() if _OURS.match(x) or x.startswith("streamer: ")]
+    final = [x for x in errors if "no Kafka broker answered at 127.0.0.1:1" in x]
+    assert final, out.stderr[-3000:]
+    assert len(errors) <= 2, errors  # the worker's ERROR line and the CLI's, at most
+    assert "Traceback" not in out.stderr and "kafka." not in out.stderr, out.stderr[-3000:]
+    assert took < 60, took
