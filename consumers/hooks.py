@@ -67,7 +67,7 @@ class ShardHooks:
 
 
 class ShardLike(Protocol):
-    """What an owner (``streamer.source``) needs of a shard, whatever runs it."""
+    """What an owner (``streamer.input.source``) needs of a shard, whatever runs it."""
 
     #: When a record last arrived, and when the shard's assignment last changed (monotonic).
     last_record_monotonic: float

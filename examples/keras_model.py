@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import keras
 
-from streamer.schema import Schema
+from streamer.decode.schema import Schema
 
 __all__ = ["build"]
 

@@ -24,7 +24,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from streamer.schema import LENGTH_SUFFIX, Schema
+from streamer.decode.schema import LENGTH_SUFFIX, Schema
 
 __all__ = ["RowMean", "build"]
 
