@@ -1,0 +1,96 @@
+"""Committer alone (no Kafka, no TensorFlow): the sequence, when it is due, caps, failures."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from consumers.errors import ModelDivergedError
+from streamer.committer import CommitSchedule, Committer
+from streamer.input.offsets import OffsetTracker
+from streamer.input.stream_position import StreamPosition
+from streamer.ops.metrics import Metrics
+
+
+class _Source:
+    def __init__(self) -> None:
+        self.commits: list[dict[int, int]] = []
+        self.caps: dict[int, int] = {}
+
+    def commit(self, points: dict[int, int] | None = None) -> dict[int, int]:
+        self.commits.append(dict(points or {}))
+        return dict(points or {})
+
+    def commit_caps(self) -> dict[int, int]:
+        return dict(self.caps)
+
+
+class _Audit:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def flush(self) -> None:
+        self.log.append("audit")
+
+
+def _parts(
+    save: object = None, *, every: int = 2
+) -> tuple[Committer, _Source, OffsetTracker, StreamPosition, list[str]]:
+    order: list[str] = []
+    source, tracker, position = _Source(), OffsetTracker(), StreamPosition({1: 40})
+    metrics = Metrics("t", version="v", tensorflow_version="v", kafka_python_version="v")
+    committer = Committer(
+        source,
+        tracker,
+        position,
+        metrics,
+        commits=CommitSchedule(every, 10.0**9),
+        checkpoints=None if save is None else CommitSchedule(every, 10.0**9),
+        save=save,  # type: ignore[arg-type]
+        audit=_Audit(order),  # type: ignore[arg-type]
+    )
+    tracker.register(np.array([0, 0, 0]), np.array([7, 8, 9]))
+    tracker.ack(np.array([0, 0]), np.array([7, 8]))
+    return committer, source, tracker, position, order
+
+
+def test_commits_when_due_with_the_audit_log_first() -> None:
+    committer, source, _, position, order = _parts()
+    committer.after_step(1)
+    assert source.commits == []
+    committer.after_step(2)
+    assert source.commits == [{0: 9}] and order == ["audit"]
+    assert position.current() == {1: 40, 0: 9}
+
+
+def test_a_checkpoint_saves_the_position_and_commits_what_it_saved() -> None:
+    saved: list[tuple[int, dict[int, int]]] = []
+
+    def save(step: int, offsets: dict[int, int]) -> dict[int, int]:
+        saved.append((step, offsets))
+        return offsets
+
+    committer, source, _, _, order = _parts(save)
+    committer.after_step(2)
+    assert saved == [(2, {1: 40, 0: 9})]  # the restored partition too
+    assert source.commits == [{1: 40, 0: 9}] and order == ["audit", "audit"]
+
+
+def test_nothing_is_committed_past_unjudged_rejects_or_after_a_failed_save() -> None:
+    committer, source, *_ = _parts(lambda step, offsets: None)
+    committer.after_step(2)
+    assert source.commits == []  # the save failed: nothing committed
+    committer, source, *_ = _parts()
+    source.caps = {0: 8}
+    committer.commit(committer.done_points(), 3)
+    assert source.commits == [{0: 8}]
+
+
+def test_a_diverged_model_is_never_saved_nor_committed() -> None:
+    def save(step: int, offsets: dict[int, int]) -> dict[int, int]:
+        raise ModelDivergedError("NaN weights", None)
+
+    committer, source, *_ = _parts(save)
+    with pytest.raises(ModelDivergedError):
+        committer.checkpoint(5)
+    assert source.commits == []
