@@ -26,8 +26,9 @@ class StopOnSignal:
     ``timeout`` seconds; a duplicate within ``grace`` seconds is the same stop; a signal after
     that exits at once (exit 128 + the signal's number).
 
-    >>> stops = []
-    >>> answer = StopOnSignal(plan="p", stop=stops.append, finished=threading.Event(),
+    >>> stops, done = [], threading.Event()
+    >>> done.set()                      # the stop finished: the watchdog has nothing to do
+    >>> answer = StopOnSignal(plan="p", stop=stops.append, finished=done,
     ...                       timeout=30, log=logging.getLogger("x"))
     >>> answer(signal.SIGINT); answer(signal.SIGINT)        # one Ctrl-C, seen twice
     >>> stops
