@@ -6,9 +6,20 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, get_args
 
 from consumers.errors import ConfigError
+from consumers.types import (
+    AssignmentStrategy,
+    AutoOffsetReset,
+    GroupProtocol,
+    IsolationLevel,
+    SaslMechanism,
+    SecurityProtocol,
+    ShardMode,
+    ShardRuntime,
+)
+from consumers.types import ClientName as KafkaClient
 
 __all__ = [
     "AssignmentStrategy",
@@ -25,24 +36,14 @@ __all__ = [
     "ShardRuntime",
 ]
 
-ShardMode = Literal["group", "static"]
-ShardRuntime = Literal["thread", "process"]
-AutoOffsetReset = Literal["earliest", "latest", "none"]
-IsolationLevel = Literal["read_committed", "read_uncommitted"]
-KafkaClient = Literal["kafka-python", "confluent"]
-AssignmentStrategy = Literal["range", "roundrobin", "cooperative-sticky"]
-GroupProtocol = Literal["classic", "consumer"]
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
-
-_MODES = ("group", "static")
-_RESETS = ("earliest", "latest", "none")
-_ISOLATION = ("read_committed", "read_uncommitted")
-_CLIENTS = ("kafka-python", "confluent")
-_STRATEGIES = ("range", "roundrobin", "cooperative-sticky")
-_PROTOCOLS_GROUP = ("classic", "consumer")
-_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
-_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_MODES = get_args(ShardMode)
+_RESETS = get_args(AutoOffsetReset)
+_ISOLATION = get_args(IsolationLevel)
+_CLIENTS = get_args(KafkaClient)
+_STRATEGIES = get_args(AssignmentStrategy)
+_PROTOCOLS_GROUP = get_args(GroupProtocol)
+_PROTOCOLS = get_args(SecurityProtocol)
+_MECHANISMS = get_args(SaslMechanism)
 #: The smallest explicit max_batch_inflated_bytes (1 MiB: Kafka's default max.message.bytes).
 _MIN_INFLATE = 1 << 20
 _BOOTSTRAP_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")

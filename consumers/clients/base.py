@@ -31,7 +31,7 @@ __all__ = [
     "UnreadableBatchError",
 ]
 
-ClientName = Literal["kafka-python", "confluent"]
+from consumers.types import ClientName
 
 #: ``callback(offsets, error)``: a commit finished (``error`` None) or failed.
 CommitCallback = Callable[[dict[int, int], BaseException | None], None]

@@ -14,18 +14,21 @@ from collections.abc import Callable
 from dataclasses import Field, dataclass, field, fields
 from typing import Any, Literal
 
+from consumers.types import (
+    AssignmentStrategy,
+    AutoOffsetReset,
+    GroupProtocol,
+    IsolationLevel,
+    SaslMechanism,
+    SecurityProtocol,
+    ShardRuntimeChoice,
+)
+from consumers.types import ClientName as KafkaClientChoice
+
 __all__ = ["ENV_PREFIX", "OPTIONS", "Option", "Options", "option"]
 
 ENV_PREFIX = "STREAMER_"
 
-ShardRuntimeChoice = Literal["auto", "thread", "process"]
-KafkaClientChoice = Literal["kafka-python", "confluent"]
-AssignmentStrategy = Literal["range", "roundrobin", "cooperative-sticky"]
-GroupProtocol = Literal["classic", "consumer"]
-AutoOffsetReset = Literal["earliest", "latest", "none"]
-IsolationLevel = Literal["read_committed", "read_uncommitted"]
-SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
-SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 SimTask = Literal["regression", "recommender"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]

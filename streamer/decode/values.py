@@ -12,12 +12,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from itertools import chain
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from consumers.types import REASONS, Reason
 from streamer.decode.ragged import RaggedColumn
 from streamer.decode.schema import ALLOWED_DTYPES, Feature
 
@@ -39,22 +40,6 @@ __all__ = [
     "string_value",
     "variable_value",
 ]
-
-Reason = Literal[
-    "format", "truncated", "extra_data", "too_large", "too_deep", "schema", "dtype", "shape"
-]
-
-#: Every reason a record can be rejected for (the ``reason`` label of the decode metrics).
-REASONS: Final[tuple[Reason, ...]] = (
-    "format",
-    "truncated",
-    "extra_data",
-    "too_large",
-    "too_deep",
-    "schema",
-    "dtype",
-    "shape",
-)
 
 
 class Rejected(Exception):

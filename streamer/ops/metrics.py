@@ -17,6 +17,8 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from consumers.types import KAFKA_ERROR_TYPES, REASONS, KafkaErrorType, Reason
+
 __all__ = [
     "AGE_BUCKETS_SECONDS",
     "COMMIT_BUCKETS_SECONDS",
@@ -36,27 +38,11 @@ _log = logging.getLogger("streamer.metrics")
 
 NAMESPACE: Final = "streamer"
 
-DecodeErrorReason = Literal[
-    "format", "truncated", "extra_data", "too_large", "too_deep", "schema", "dtype", "shape"
-]
-KafkaErrorType = Literal[
-    "connection",
-    "authentication",
-    "topic_missing",
-    "fenced",
-    "offset_out_of_range",
-    "commit",
-    "dead_letter",
-    "rebalance_stuck",
-    "stale_assignment",
-    "batch_refused",
-    "other",
-]
 QueueStage = Literal["shard", "prefetch", "dead_letter"]
 RebalanceEvent = Literal["assigned", "revoked", "lost"]
 
-DECODE_ERROR_REASONS: Final[tuple[str, ...]] = get_args(DecodeErrorReason)
-KAFKA_ERROR_TYPES: Final[tuple[str, ...]] = get_args(KafkaErrorType)
+DecodeErrorReason = Reason  # the decode metrics' reason label: the decoder's reasons
+DECODE_ERROR_REASONS: Final[tuple[str, ...]] = REASONS
 QUEUE_STAGES: Final[tuple[str, ...]] = get_args(QueueStage)
 _REBALANCE_EVENTS: Final[tuple[str, ...]] = get_args(RebalanceEvent)
 _RESULTS: Final = ("success", "failure")
