@@ -558,7 +558,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _run_worker(config: WorkerConfig) -> int:
     """The worker, or with TF_CONFIG / --cluster-workers naming several workers, one worker
-    of a model trained on all of them (streamer/distributed.py)."""
+    of a model trained on all of them (streamer/cluster/worker.py)."""
     from streamer.cluster.topology import topology_from
 
     topology = topology_from(

@@ -327,7 +327,7 @@ class Options:
         None, "capture a TensorFlow Profiler trace for steps A:B into --logdir", group="online"
     )
 
-    # ---- multi-worker (issue 15: one model on N workers; streamer/distributed.py) -------------
+    # ---- multi-worker (issue 15: one model on N workers; streamer/cluster/worker.py) -------------
     cluster_workers: str | None = option(
         None,
         "train one model on N workers (MultiWorkerMirroredStrategy) described by their "

@@ -277,7 +277,7 @@ def check_replay_group(settings: ConsumerSettings, spec: ReplaySpec) -> None:
     )
 
 
-# ---- the command line (streamer/cli.py) ---------------------------------------------------
+# ---- the command line (streamer/cli/commands.py) ---------------------------------------------------
 
 DESCRIPTION = """\
 Train on the records from --from up to (not including) --to of every partition of the topic

@@ -301,7 +301,7 @@ class Metrics:
             "last_checkpoint_timestamp_seconds", "When the last checkpoint succeeded (Unix time)."
         )
 
-        # Multi-worker training (one model on N workers; streamer/distributed.py).
+        # Multi-worker training (one model on N workers; streamer/cluster/worker.py).
         self.padded_rows = counter(
             "padded_rows",
             "Weight-0 rows that completed a batch when this worker's input had no more records "

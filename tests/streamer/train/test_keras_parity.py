@@ -255,7 +255,7 @@ def test_nonfinite_variables_names_the_culprits() -> None:
 
 
 def test_padding_as_keras_sample_weights_equals_the_mean_over_real_rows() -> None:
-    """The multi-worker weighting (streamer/mwms.py): padding rows get weight 0 and the real
+    """The multi-worker weighting (streamer/cluster/strategy.py): padding rows get weight 0 and the real
     ones B·N/R, so Keras' mean over the batch is the mean over the R real rows, as the
     hand-written step of earlier versions computed it (here with N = 1)."""
     from streamer.train.trainer import keras_train_step
