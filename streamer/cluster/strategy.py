@@ -10,7 +10,7 @@ times the schema's sample weight) times ``B·N/R`` (B rows per worker, N workers
 of all workers), so Keras' mean over ``B·N`` rows is Σ weight·loss / R: each real row weighs the
 same wherever it was read and padding weighs nothing. A round whose all-reduced real count is 0
 never calls the optimizer: Adam moves weights even on zero gradients
-(tests/streamer/test_multiworker.py checks both). A step whose loss or gradients are not finite
+(tests/streamer/cluster/test_multiworker.py checks both). A step whose loss or gradients are not finite
 is skipped on every worker alike (the verdict is all-reduced).
 """
 
