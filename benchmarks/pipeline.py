@@ -37,6 +37,24 @@ MODES = (
     "pipeline-confluent-process",
     "worker-confluent",
 )
+#: Ceilings measured beside the modes: the block decoder alone on one core (no Kafka, no
+#: TensorFlow) and TensorFlow's part alone (generator -> numpy_function map -> rebatch, the
+#: decode replaced by arrays made ready), each over the topic's records read once.
+CEILINGS = ("decode-only", "tf-only")
+#: A mode with ``@N`` runs with N shards (``pipeline-process@2``): the scaling table.
+SCALING_MODES = (
+    tuple(
+        f"{scaled}@{n}"
+        for scaled in (
+            "pipeline",
+            "pipeline-process",
+            "pipeline-confluent",
+            "pipeline-confluent-process",
+        )
+        for n in (1, 2)
+    )
+    + CEILINGS
+)
 #: The modes run when none are named: every mode of kafka-python, and confluent-kafka's when
 #: the package is installed (``pip install 'streamer[confluent]'``).
 DEFAULT_MODES = MODES[:7]
@@ -59,6 +77,8 @@ class BenchResult:
     rates: dict[str, list[float]] = field(default_factory=dict)
     input_wait_fraction: dict[str, list[float]] = field(default_factory=dict)
     soak: dict[str, float | str] | None = None
+    #: Freshness runs: per client and rate, the quantiles of the age at training (seconds).
+    freshness: list[dict[str, Any]] = field(default_factory=list)
     #: The codecs measured, first as the reference; with more than one, each mode's key in
     #: ``rates`` is ``mode:codec``.
     codecs: tuple[str, ...] = ("none",)
@@ -109,6 +129,18 @@ class BenchResult:
         ):
             if num in med and den in med:
                 out[f"ratio_{num}_{den}".replace("-", "_")] = med[num] / med[den]
+        for scaled in (
+            "pipeline",
+            "pipeline-process",
+            "pipeline-confluent",
+            "pipeline-confluent-process",
+        ):
+            if f"{scaled}@2" in med and f"{scaled}@1" in med:
+                out[f"ratio_{scaled.replace('-', '_')}_2_to_1_shards"] = (
+                    med[f"{scaled}@2"] / med[f"{scaled}@1"]
+                )
+        if self.freshness:
+            out["freshness"] = self.freshness
         if self.task is not None:
             out["task"] = self.task
             out["baseline_topic"] = self.baseline_topic
@@ -316,6 +348,138 @@ def bench_worker(
     return samples / busy, (wait - first) / busy
 
 
+def read_blocks(cs: ConsumerSettings, n: int) -> list[list[bytes]]:
+    """The topic's first ``n`` records as the blocks a poll gives (read once, kept)."""
+    from consumers.clients import read_values
+
+    blocks: list[list[bytes]] = []
+    got = 0
+    for values in read_values(cs):
+        blocks.append(list(values))
+        got += len(values)
+        if got >= n:
+            break
+    return blocks
+
+
+def bench_decode_only(blocks: list[list[bytes]], schema: Schema | None = None) -> float:
+    """The block decoder alone, on this process's one core: records/s."""
+    from streamer.decode.records import decode_block
+    from streamer.input.simulator import SimulatorTask
+
+    sch = schema or SimulatorTask().schema()
+    t0 = time.perf_counter()
+    got = sum(len(decode_block(sch, block)) for block in blocks)
+    return got / (time.perf_counter() - t0 + 1e-9)
+
+
+def bench_tf_only(blocks: list[list[bytes]], batch_size: int = 256) -> float:
+    """TensorFlow's share alone: from_generator of block handles -> one numpy_function per
+    block returning arrays made ready (the decode's output shape) -> rebatch -> prefetch."""
+    import tensorflow as tf
+
+    ready = [(np.zeros((len(b), 16), np.float32), np.zeros(len(b), np.float32)) for b in blocks]
+
+    def gen() -> Any:
+        yield from range(len(ready))
+
+    def fetch(i: np.int64) -> tuple[np.ndarray, np.ndarray]:
+        return ready[int(i)]
+
+    def to_arrays(i: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        x, y = tf.numpy_function(fetch, [i], [tf.float32, tf.float32])
+        x.set_shape([None, 16])
+        y.set_shape([None])
+        return x, y
+
+    ds = tf.data.Dataset.from_generator(gen, output_signature=tf.TensorSpec([], tf.int64))
+    ds = ds.map(to_arrays, num_parallel_calls=tf.data.AUTOTUNE).rebatch(batch_size)
+    got = 0
+    t0 = time.perf_counter()
+    for x, _y in ds.prefetch(tf.data.AUTOTUNE):
+        got += int(x.shape[0])
+    return got / (time.perf_counter() - t0 + 1e-9)
+
+
+def _age_quantiles(registry: Any, quantiles: tuple[float, ...]) -> dict[str, float]:
+    """Quantiles of streamer_record_age_at_train_seconds from its buckets (linear within a
+    bucket, as Prometheus' histogram_quantile does)."""
+    name = "streamer_record_age_at_train_seconds"
+    buckets: list[tuple[float, float]] = []
+    for family in registry.collect():
+        for sample in family.samples:
+            if sample.name == name + "_bucket":
+                buckets.append((float(sample.labels["le"]), sample.value))
+    buckets.sort()
+    total = buckets[-1][1] if buckets else 0.0
+    out: dict[str, float] = {}
+    for q in quantiles:
+        rank, lo_bound, lo_count = q * total, 0.0, 0.0
+        value = float("nan")
+        for bound, count in buckets:
+            if count >= rank and total:
+                if bound == float("inf"):
+                    value = lo_bound
+                else:
+                    span = count - lo_count
+                    value = lo_bound + (bound - lo_bound) * (
+                        (rank - lo_count) / span if span else 1
+                    )
+                break
+            lo_bound, lo_count = bound, count
+        out[f"p{round(q * 100)}"] = value
+    return out
+
+
+def bench_freshness(
+    bootstrap: str, client: str, rate: float, seconds: float, shards: int = 2
+) -> dict[str, float]:
+    """A producer at ``rate`` records/s for ``seconds`` into a fresh topic while the worker
+    (default model) trains it live: the quantiles of the records' age when trained, read
+    as the producer stops."""
+    import threading
+
+    from kafka.admin import KafkaAdminClient
+
+    from streamer.cli.config import load_config
+    from streamer.input.simulator import produce
+    from streamer.worker import Worker
+
+    topic = f"bench-fresh-{uuid.uuid4().hex[:8]}"
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    spec = {"num_partitions": max(2, shards), "replication_factor": 1}
+    admin.create_topics({topic: spec}, wait_for_metadata=True)
+    admin.close()
+    cfg = load_config(
+        {
+            "bootstrap": bootstrap,
+            "topic": topic,
+            "group": f"bench-{uuid.uuid4().hex[:8]}",
+            "shards": str(shards),
+            "kafka_client": client,
+            "stop_after_idle": "12",  # longer than the warm-up: it waits for the producer
+            "metrics_port": "0",
+            "log_level": "WARNING",
+            "status_interval": "3600",
+        },
+        env={},
+    )
+    worker = Worker(cfg)
+    runner = threading.Thread(target=worker.run, name="bench-worker", daemon=True)
+    runner.start()
+    time.sleep(6)  # joined and ready: only live records are measured
+    produce(bootstrap, topic, int(rate * seconds), partitions=None, rate=rate, record_bytes=1024)
+    time.sleep(1.0)
+    # The steady state, as the producer stops: the records of the last partial batch wait for
+    # the end of the pass (the idle timeout), which no live stream has.
+    assert worker.metrics is not None
+    out = _age_quantiles(worker.metrics.registry, (0.5, 0.9, 0.99))
+    worker.request_stop("the freshness run is over")
+    runner.join(120)
+    out["rate"] = rate
+    return out
+
+
 def _rss_mib() -> float:
     with open("/proc/self/status", encoding="ascii") as fh:
         for line in fh:
@@ -412,6 +576,9 @@ def run_bench(
     task_name: str | None = None,
     progress: IO[str] | None = None,
     codecs: tuple[str, ...] = ("none",),
+    freshness_rates: tuple[float, ...] = (),
+    freshness_seconds: float = 20.0,
+    freshness_clients: tuple[str, ...] = ("kafka-python", "confluent"),
 ) -> BenchResult:
     """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times.
 
@@ -449,7 +616,17 @@ def run_bench(
         def confluent(cs: ConsumerSettings) -> ConsumerSettings:
             return dataclasses.replace(cs, client="confluent")
 
+        blocks: dict[str, list[list[bytes]]] = {}
+
+        def cached(cs: ConsumerSettings) -> list[list[bytes]]:
+            if cs.topic not in blocks:
+                blocks[cs.topic] = read_blocks(cs, records)
+            return blocks[cs.topic]
+
+        base, _, _n = mode.partition("@")
         return {
+            "decode-only": lambda cs: bench_decode_only(cached(cs), sch),
+            "tf-only": lambda cs: bench_tf_only(cached(cs)),
             "raw": lambda cs: bench_raw(cs, records),
             "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
             "pipeline": lambda cs: bench_pipeline(cs, records, schema=sch),
@@ -465,7 +642,7 @@ def run_bench(
                 process(confluent(cs)), records, schema=sch
             ),
             "worker-confluent": lambda cs: bench_worker(confluent(cs), records),
-        }[mode]
+        }[base]
 
     # (key in the result, topic, how to measure it)
     plan: list[tuple[str, str, Callable[[ConsumerSettings], Any]]] = []
@@ -496,7 +673,8 @@ def run_bench(
         if paired and r % 2:  # and which of a pair goes first
             order = [m for i in range(0, len(order), 2) for m in (order[i + 1], order[i])]
         for key, name, run in order:
-            value = run(_settings(bootstrap, name, parts_of[name], shards))
+            n_shards = int(key.partition("@")[2] or shards)  # pipeline-process@2: 2 shards
+            value = run(_settings(bootstrap, name, parts_of[name], n_shards))
             if key.removeprefix(FIXED).startswith("worker"):
                 rate, wait = value
                 result.input_wait_fraction.setdefault(key, []).append(wait)
@@ -507,6 +685,15 @@ def run_bench(
             out.flush()
     if soak_seconds > 0:
         result.soak = soak(bootstrap, first, shards, soak_seconds, out, schema, soak_client)
+    for rate in freshness_rates:
+        for client in freshness_clients:
+            q = bench_freshness(bootstrap, client, rate, freshness_seconds)
+            q["client"] = client  # type: ignore[assignment]
+            result.freshness.append(q)
+            out.write(
+                f"  freshness {client} at {rate:,.0f}/s: p50 {q['p50']:.3f}s p90 {q['p90']:.3f}s "
+                f"p99 {q['p99']:.3f}s\n"
+            )
     return result
 
 
@@ -536,14 +723,24 @@ def format_table(summary: dict[str, Any]) -> str:
         "ratio_worker_process_worker",
         "worker_process_input_wait_fraction",
         *(f"ratio_{m.replace('-', '_')}_fixed{p}" for m in SCHEMA_MODES for p in ("", "_paired")),
-        *(k for k in summary if k.startswith("ratio_") and "confluent" in k),
+        *(
+            k
+            for k in summary
+            if k.startswith("ratio_") and "confluent" in k and not k.endswith("_2_to_1_shards")
+        ),
         *(k for k in summary if k.endswith("_input_wait_fraction") and "confluent" in k),
+        *(k for k in summary if k.endswith("_2_to_1_shards")),
     ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")
     for codec, ratios in summary.get("ratio_to_first_codec", {}).items():
         text = ", ".join(f"{mode} {ratio:.2f}" for mode, ratio in ratios.items())
         lines.append(f"{codec} / {summary['compression'][0]}: {text}")
+    for q in summary.get("freshness", []):
+        lines.append(
+            f"freshness {q['client']} at {q['rate']:,.0f} records/s: age at training p50 "
+            f"{q['p50']:.3f} s, p90 {q['p90']:.3f} s, p99 {q['p99']:.3f} s"
+        )
     if "soak" in summary:
         sk = summary["soak"]
         lines.append(

@@ -1,4 +1,4 @@
-"""Helpers for tests that run the worker as a real process (``python -m streamer.cli.commands run``)."""
+"""Helpers for tests that run the worker as a real process (``python -m streamer.cli run``)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class WorkerProcess:
         # A STREAMER_* variable in the test environment must not change the worker under test.
         for key in [k for k in env if k.startswith("STREAMER_")]:
             del env[key]
-        argv = [sys.executable, "-m", "streamer.cli.commands", "run", *args]
+        argv = [sys.executable, "-m", "streamer.cli", "run", *args]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as err:
             proc = subprocess.Popen(

@@ -472,6 +472,27 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="like --schema, with the records of a simulator task",
     )
     bench.add_argument(
+        "--scaling",
+        action="store_true",
+        help="the scaling table instead of the default modes: the pipeline with 1 and 2 shards "
+        "in threads and in child processes, on each client (mode@N), and the decode-only and "
+        "TensorFlow-only ceilings over the same records, alternating",
+    )
+    bench.add_argument(
+        "--freshness-rates",
+        default="",
+        metavar="R1,R2",
+        help="after the modes, for each rate (records/s) and client: a producer writes 1 KiB "
+        "records at that rate into a fresh topic while the worker trains it live; reports "
+        "p50/p90/p99 of streamer_record_age_at_train_seconds [default: none]",
+    )
+    bench.add_argument(
+        "--freshness-seconds",
+        type=float,
+        default=20.0,
+        help="how long each freshness producer writes [default: 20]",
+    )
+    bench.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
     commands = {"run": run, "replay": replay, "simulate": sim, "lag": lag, "bench": bench}
@@ -481,7 +502,15 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
 def _cmd_bench(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
     _load_tensorflow()
-    from benchmarks.pipeline import DEFAULT_MODES, MODES, SCHEMA_MODES, format_table, run_bench
+    from benchmarks.pipeline import (
+        CEILINGS,
+        DEFAULT_MODES,
+        MODES,
+        SCALING_MODES,
+        SCHEMA_MODES,
+        format_table,
+        run_bench,
+    )
 
     modes = (
         DEFAULT_MODES
@@ -490,7 +519,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     )
     task: Task | None = None
     task_name: str | None = None
-    allowed: tuple[str, ...] = MODES
+    if args.scaling:
+        modes = SCALING_MODES
+    allowed: tuple[str, ...] = MODES + CEILINGS
     if args.schema is not None and args.task is not None:
         raise ConfigError("task", args.task, "either --schema or --task, not both")
     if args.schema is not None or args.task is not None:
@@ -505,8 +536,17 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             modes = SCHEMA_MODES
         allowed = SCHEMA_MODES
     for m in modes:
-        if m not in allowed:
-            raise ConfigError("modes", m, f"one of {', '.join(allowed)}")
+        base, _, n = m.partition("@")
+        if base not in allowed or (n and not (n.isdigit() and int(n) >= 1)):
+            raise ConfigError(
+                "modes", m, f"one of {', '.join(allowed)}, optionally @N for N shards"
+            )
+    try:
+        rates = tuple(float(r) for r in args.freshness_rates.split(",") if r.strip())
+    except ValueError as exc:
+        raise ConfigError(
+            "freshness_rates", args.freshness_rates, "records/s, comma-separated"
+        ) from exc
     record_bytes = args.record_bytes
     if record_bytes is None:
         record_bytes = 0 if task is not None else 1024
@@ -537,6 +577,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         codecs=codecs,
         task=task,
         task_name=task_name,
+        freshness_rates=rates,
+        freshness_seconds=args.freshness_seconds,
     )
     summary = result.summary()
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))

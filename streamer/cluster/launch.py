@@ -98,7 +98,7 @@ def launch(
     for i in range(workers):
         worker_env = {**base, "TF_CONFIG": tf_config(hosts, i), "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(
-            [sys.executable, "-m", "streamer.cli.commands", "run", *worker_argv(run_args, i)],
+            [sys.executable, "-m", "streamer.cli", "run", *worker_argv(run_args, i)],
             env=worker_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

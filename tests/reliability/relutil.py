@@ -28,7 +28,7 @@ def start_worker(
     full = {k: v for k, v in os.environ.items() if not k.startswith("STREAMER_")}
     full.update(PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     full.update(env or {})
-    argv = [sys.executable, "-m", "streamer.cli.commands", "run", *args]
+    argv = [sys.executable, "-m", "streamer.cli", "run", *args]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as out:
         proc = subprocess.Popen(
@@ -44,7 +44,7 @@ def run_cli(
     full.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     full.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "streamer.cli.commands", *args],
+        [sys.executable, "-m", "streamer.cli", *args],
         cwd=ROOT,
         env=full,
         capture_output=True,

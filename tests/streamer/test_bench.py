@@ -19,7 +19,7 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
         [
             sys.executable,
             "-m",
-            "streamer.cli.commands",
+            "streamer.cli",
             "bench",
             "--bootstrap",
             kafka_bootstrap,
@@ -79,7 +79,7 @@ def test_bench_confluent_modes_and_soak(kafka_bootstrap: str) -> None:
         [
             sys.executable,
             "-m",
-            "streamer.cli.commands",
+            "streamer.cli",
             "bench",
             "--bootstrap",
             kafka_bootstrap,
@@ -140,7 +140,7 @@ def test_bench_schema_measures_it_beside_fixed_shape_records(
     args = ["--bootstrap", kafka_bootstrap, "--schema", str(schema), "--records", "1500"]
     args += ["--shards", "2", "--repeats", "1", "--modes", "raw,pipeline", "--json"]
     proc = subprocess.run(
-        [sys.executable, "-m", "streamer.cli.commands", "bench", *args],
+        [sys.executable, "-m", "streamer.cli", "bench", *args],
         capture_output=True,
         text=True,
         timeout=280,
@@ -154,9 +154,32 @@ def test_bench_schema_measures_it_beside_fixed_shape_records(
     assert out["ratio_pipeline_fixed"] > 0 and out["ratio_raw_fixed"] > 0
     # A mode that needs the regression schema is refused for a schema of one's own.
     bad = subprocess.run(
-        [sys.executable, "-m", "streamer.cli.commands", "bench", *args[:4], "--modes", "worker"],
+        [sys.executable, "-m", "streamer.cli", "bench", *args[:4], "--modes", "worker"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert bad.returncode == 2 and "modes" in bad.stderr
+
+
+@pytest.mark.timeout(300)
+def test_bench_scaling_modes_ceilings_and_freshness(kafka_bootstrap: str) -> None:
+    """mode@N runs N shards; the decode-only and TensorFlow-only ceilings; freshness quantiles."""
+    args = ["--bootstrap", kafka_bootstrap, "--records", "1500", "--repeats", "1", "--json"]
+    args += ["--modes", "pipeline@1,pipeline-process@2,decode-only,tf-only"]
+    args += ["--freshness-rates", "1000", "--freshness-seconds", "3"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamer.cli", "bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    assert set(out["modes"]) == {"pipeline@1", "pipeline-process@2", "decode-only", "tf-only"}
+    assert all(m["records_per_second_median"] > 0 for m in out["modes"].values()), out
+    clients = {q["client"] for q in out["freshness"]}
+    assert clients == {"kafka-python", "confluent"}
+    for q in out["freshness"]:
+        assert 0 < q["p50"] <= q["p90"] <= q["p99"] < 60, q

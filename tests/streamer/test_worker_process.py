@@ -1,6 +1,6 @@
 """The worker as real processes against the real broker: run to idle, kill -9, SIGTERM, restore.
 
-Each test starts ``python -m streamer.cli.commands run`` (what the ``streamer`` console script runs) and
+Each test starts ``python -m streamer.cli run`` (what the ``streamer`` console script runs) and
 judges it from the outside: the audit log (one ``topic,partition,offset`` line per trained
 sample), the group's committed offsets on the broker, the checkpoint directory and the log.
 """

@@ -114,7 +114,7 @@ def test_consumer_settings_never_auto_commit_and_static_split() -> None:
 
 def test_help_documents_every_option_with_default() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "streamer.cli.commands", "run", "--help"],
+        [sys.executable, "-m", "streamer.cli", "run", "--help"],
         capture_output=True,
         text=True,
         check=True,
@@ -132,7 +132,7 @@ def test_help_documents_every_option_with_default() -> None:
 
 def test_cli_reports_config_errors_with_exit_2() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "streamer.cli.commands", "run", "--shards", "0"],
+        [sys.executable, "-m", "streamer.cli", "run", "--shards", "0"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -165,7 +165,7 @@ def test_a_schema_the_builtin_model_cannot_take_fails_at_start_up_with_exit_2(
     )
     for args in (["--schema", str(schema)], ["--sim-task", "recommender"]):
         proc = subprocess.run(
-            [sys.executable, "-m", "streamer.cli.commands", "run", *args],
+            [sys.executable, "-m", "streamer.cli", "run", *args],
             capture_output=True,
             text=True,
             timeout=60,

@@ -144,12 +144,12 @@ def test_outputs_a_live_worker_uses_are_refused(tmp_path: Path) -> None:
 
 
 def streamer(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
-    """``python -m streamer.cli.commands ARGS`` from the worktree, without the test's STREAMER_* vars."""
+    """``python -m streamer.cli ARGS`` from the worktree, without the test's STREAMER_* vars."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("STREAMER_")}
     base.update(TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
     base.update(env or {})
     return subprocess.run(
-        [sys.executable, "-m", "streamer.cli.commands", *args],
+        [sys.executable, "-m", "streamer.cli", *args],
         cwd=ROOT,
         env=base,
         capture_output=True,

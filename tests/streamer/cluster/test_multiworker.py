@@ -502,7 +502,7 @@ def test_two_workers_on_uneven_input_train_every_record_once_with_identical_weig
     log_path = tmp_path / "launch.log"
     with open(log_path, "wb") as out:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "streamer.cli.commands", "launch", "--workers", "2", "--", *args],
+            [sys.executable, "-m", "streamer.cli", "launch", "--workers", "2", "--", *args],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:
@@ -559,7 +559,7 @@ def test_ctrl_c_to_launch_is_one_coordinated_clean_stop(
     log_path = tmp_path / "launch.log"
     with open(log_path, "wb") as out:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "streamer.cli.commands", "launch", "--workers", "2", "--", *args],
+            [sys.executable, "-m", "streamer.cli", "launch", "--workers", "2", "--", *args],
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     try:

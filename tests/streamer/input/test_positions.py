@@ -106,7 +106,7 @@ def test_streamer_replay_trains_the_range_and_stops(
     group = f"g-{uuid.uuid4().hex[:8]}"
     proc = subprocess.run(
         [
-            sys.executable, "-m", "streamer.cli.commands", "replay",
+            sys.executable, "-m", "streamer.cli", "replay",
             "--bootstrap", kafka_bootstrap, "--topic", topic, "--replay-group", group,
             "--from", str(lo), "--to", str(hi), "--shards", "2", "--batch-size", "64",
             "--metrics-port", "0", "--audit-log", str(audit), "--idle-timeout", "30",

@@ -659,7 +659,7 @@ def test_lag_command_after_the_run(live: LiveRun) -> None:
     assert stopped is not None and stopped[0] == f"idle for {IDLE_S}s", live.worker.tail()
     ends = end_offsets(live.bootstrap, live.topic)
     assert sum(ends.values()) == live.produced
-    base = [sys.executable, "-m", "streamer.cli.commands", "lag", "--bootstrap", live.bootstrap]
+    base = [sys.executable, "-m", "streamer.cli", "lag", "--bootstrap", live.bootstrap]
     base += ["--group", live.group, "--topic", live.topic]
     out = subprocess.run([*base, "--json"], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
