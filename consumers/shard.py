@@ -106,6 +106,9 @@ class Shard:
         self._open_client = client_factory
         self._barrier = barrier if settings.mode == "group" else None
         self._joined = self._barrier is None
+        #: A static shard (replay, --partitions) has its partitions once its consumer has
+        #: connected and assigned them: until then it is not idle, it is still joining.
+        self._assigning = settings.mode != "group"
         self._topic = settings.topic
         self._queue = BlockQueue(settings.queue_max_blocks)
         #: The queue's lock guards the assignment state below too: a revocation drops queued
@@ -204,7 +207,7 @@ class Shard:
         The pass's idle timeout does not run meanwhile: a shard without a stable assignment
         is waiting for the group, not for records.
         """
-        return not self._joined or self._watch.unstable
+        return not self._joined or self._assigning or self._watch.unstable
 
     @property
     def queued_records(self) -> int:
@@ -299,6 +302,7 @@ class Shard:
                     parts = self.settings.static_partitions(self.shard_index, self.num_shards)
                     self._client = client  # for _on_assigned; published for good below
                     client.assign(parts, self._on_assigned(parts))
+                    self._assigning = False
             except BaseException:
                 client.close(5000)
                 raise

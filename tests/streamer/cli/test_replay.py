@@ -351,6 +351,27 @@ def test_replay_with_the_live_config_leaves_an_empty_live_group_as_it_was(
 
 @pytest.mark.kafka
 @pytest.mark.timeout(600)
+def test_a_replay_in_shard_processes_trains_its_whole_range(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A process shard's child said it had joined before its consumer had assigned the
+    replay's partitions: each pass ended at once (no partitions, none to wait for) and the
+    replay trained nothing until it was killed. Its shards now count as joining until then."""
+    topic = make_topic(2)
+    produce_timed(kafka_bootstrap, topic, 2, 500, int(time.time() * 1000) - 600_000)
+    out = streamer(
+        "replay", "--bootstrap", kafka_bootstrap, "--topic", topic,
+        "--from", "earliest", "--to", "latest", "--shards", "2", "--shard-runtime", "process",
+        "--batch-size", "100", "--checkpoint-dir", str(tmp_path / "ckpt"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "replay range is trained" in out.stderr
+    final = [line for line in out.stderr.splitlines() if "(final:" in line]
+    assert final and "samples_trained=1000 " in final[-1], out.stderr[-3000:]
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(600)
 def test_a_replay_group_must_not_be_a_live_one(
     kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
 ) -> None:
