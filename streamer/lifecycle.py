@@ -117,8 +117,14 @@ class Lifecycle:
 
     def new_status(self) -> StatusLine:
         assert self.metrics is not None
-        self.status = StatusLine(self.status_out, self.config.status_interval, self.metrics)
+        self.status = StatusLine(
+            self.status_out, self.config.status_interval, self.metrics, lag=self.status_lag()
+        )
         return self.status
+
+    def status_lag(self) -> Callable[[], int] | None:
+        """What the status line shows as lag, where not the consumer's lag (a hook)."""
+        return None
 
     # ---- steps that were not applied ------------------------------------------------------------
 

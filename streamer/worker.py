@@ -7,6 +7,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import IO, Any
 
 import tensorflow as tf
@@ -21,7 +22,7 @@ from streamer.decode.schema import Schema
 from streamer.input.offsets import OffsetTracker
 from streamer.input.probe import BrokerProbe
 from streamer.input.simulator import RandomRecords, SimulatedShard, Task, task_named
-from streamer.input.source import METADATA_COLUMNS, StreamSource
+from streamer.input.source import METADATA_COLUMNS, StreamSource, StreamStart
 from streamer.input.stream_position import StreamPosition
 from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
@@ -65,6 +66,7 @@ class Worker(Lifecycle):
         self.evaluator: Evaluator | None = None
         self.probe: BrokerProbe | None = None
         self._diverged: ModelDivergedError | None = None
+        self._start: StreamStart | None = None
         self._metrics_window = time.monotonic()
 
     def _on_stop(self) -> None:
@@ -168,6 +170,7 @@ class Worker(Lifecycle):
         # those of --start-from / --from, which win over the checkpoint's.
         start = stream_start(cfg, consumer, restore)
         self.position = StreamPosition(start.offsets)
+        self._start = start
         self.source = StreamSource(
             self.schema,
             cfg.pipeline_settings(),
@@ -371,6 +374,19 @@ class Worker(Lifecycle):
             gc.collect()
             self._end_pass()
         return exhausted and not self._stopping.is_set()
+
+    def status_lag(self) -> Callable[[], int] | None:
+        """A replay's lag is what is left of its range (the records after --to are not its)."""
+        start = self._start
+        if start is None or start.stop is None:
+            return None
+        stop, first, tracker = dict(start.stop), dict(start.offsets), self.tracker
+
+        def left() -> int:
+            done = tracker.commit_points()
+            return sum(max(0, end - done.get(p, first.get(p, 0))) for p, end in stop.items())
+
+        return left
 
     # ---- export, summaries, profiling, evaluation ---------------------------------------------
 

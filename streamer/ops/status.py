@@ -40,8 +40,12 @@ class StatusLine:
         metrics: Metrics,
         *,
         clock: Callable[[], float] | None = None,
+        lag: Callable[[], int] | None = None,
     ) -> None:
+        """``lag``: what the line shows as lag, where the consumer's lag would mislead (a
+        replay: the records of its range not trained yet, not those after its end)."""
         self.out = out
+        self._lag = lag
         self.tty = out.isatty()
         self.interval = 1.0 if self.tty else interval
         self.metrics = metrics
@@ -78,7 +82,7 @@ class StatusLine:
             busy = now - self._last - self._idle
             rate = (samples - self._last_samples) / busy if busy > 0 else 0.0
         self._last, self._last_samples, self._idle = now, samples, 0.0
-        lag = int(snap["consumer_lag_records"])
+        lag = int(snap["consumer_lag_records"]) if self._lag is None else int(self._lag())
         commits = int(snap["offset_commits_success"])
         if self.tty:
             self._frame = (

@@ -313,6 +313,9 @@ def test_replay_with_the_live_config_leaves_an_empty_live_group_as_it_was(
         assert out.returncode == 0, out.stderr[-4000:]
         assert live_state(tmp_path, kafka_bootstrap, group_id, topic) == before, client
         assert "replay range is trained" in out.stderr
+        # Its lag is what is left of its range: none (not the 300 records after --to each).
+        final = [line for line in out.stderr.splitlines() if "(final:" in line]
+        assert final and " lag=0 " in final[-1], out.stderr[-3000:]
         assert "group=(none: no commits)" in out.stderr
         for name in ("checkpoint_dir", "export_dir", "audit_log", "group"):
             assert name in out.stderr.split("not using the live worker's")[1].split("\n")[0]

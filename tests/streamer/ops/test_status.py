@@ -1,0 +1,86 @@
+"""The status line (pure: a fake clock and a snapshot): its rate counts training time only,
+its final frame is the run's average, and a replay's lag is what is left of its range."""
+
+from __future__ import annotations
+
+import io
+import logging
+from typing import Any
+
+import pytest
+
+from streamer.ops.status import StatusLine
+
+
+class Snapshot:
+    """What ``Metrics.snapshot`` gives the line (the totals it reads)."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, float] = {
+            "samples_trained": 0.0,
+            "consumer_lag_records": 10_000.0,
+            "offset_commits_success": 0.0,
+            "decode_errors": 0.0,
+        }
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.values)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def progress(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("progress")]
+    return [dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv) for line in lines]
+
+
+def test_the_rate_leaves_idle_waits_out_and_the_final_frame_is_the_run_average(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    snap, clock = Snapshot(), Clock()
+    line = StatusLine(io.StringIO(), 10.0, snap, clock=clock)  # type: ignore[arg-type]
+    caplog.set_level(logging.INFO, logger="streamer.worker")
+    line.maybe(1, 0.5)  # the first step is always shown
+    clock.now += 10.0
+    snap.values["samples_trained"] = 10_000.0
+    line.waited(5.0)  # idle: half of the window
+    line.maybe(2, 0.4)
+    clock.now += 3.0  # not due: no frame
+    line.maybe(3, 0.3)
+    clock.now += 20.0
+    line.waited(20.0)  # idle to the end: the final rate ignores it
+    line.maybe(3, 0.3, final=True)
+    frames = progress(caplog)
+    assert len(frames) == 3
+    assert frames[1]["samples_per_second"] == "2000"  # 10,000 in 5 s of training
+    assert frames[2]["samples_per_second"] == "1250"  # 10,000 in 33 s less 25 s idle
+    assert frames[2]["lag"] == "10000"
+
+
+def test_a_replays_lag_is_what_is_left_of_its_range(caplog: pytest.LogCaptureFixture) -> None:
+    left = [300]
+    line = StatusLine(io.StringIO(), 10.0, Snapshot(), clock=Clock(), lag=lambda: left[0])  # type: ignore[arg-type]
+    caplog.set_level(logging.INFO, logger="streamer.worker")
+    line.maybe(1, 0.5)
+    left[0] = 0
+    line.maybe(2, 0.4, final=True)
+    assert [f["lag"] for f in progress(caplog)] == ["300", "0"]
+
+
+def test_a_terminal_gets_one_line_rewritten_in_place() -> None:
+    out: Any = io.StringIO()
+    out.isatty = lambda: True
+    clock = Clock()
+    line = StatusLine(out, 10.0, Snapshot(), clock=clock)  # type: ignore[arg-type]
+    line.maybe(1, 0.5)
+    clock.now += 1.0
+    line.maybe(2, 0.25)
+    line.end()
+    text = out.getvalue()
+    assert text.count("\r\x1b[K") >= 2 and "loss 0.2500" in text and text.endswith("\n")
