@@ -7,7 +7,8 @@ Importing this package is light: the modules that load a Kafka library (``shard`
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from consumers.block import RecordBlock
 from consumers.errors import (
@@ -57,17 +58,26 @@ def open_shard(
     hooks: ShardHooks | None = None,
     barrier: Barrier | None = None,
     restore: dict[int, int] | None = None,
+    prepare: Callable[[RecordBlock], Any] | None = None,
 ) -> ShardLike:
     """Shard ``shard_index`` of ``num_shards`` in ``settings.shard_runtime`` (not started).
 
     ``restore``: offsets to start partitions at (a checkpoint); a thread shard gets them from
     its hooks' ``on_assigned`` instead, so a process shard's child needs them up front.
+    ``prepare``: what a process shard's child does to each block before it sends it (the
+    owner's decode, on the child's core); a thread shard leaves that to the owner.
     """
     if settings.shard_runtime == "process":
         from consumers.process import ProcessShard
 
         return ProcessShard(
-            settings, shard_index, num_shards, hooks=hooks, barrier=barrier, restore=restore
+            settings,
+            shard_index,
+            num_shards,
+            hooks=hooks,
+            barrier=barrier,
+            restore=restore,
+            prepare=prepare,
         )
     from consumers.shard import Shard
 

@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["RecordBlock"]
+__all__ = ["Prepared", "RecordBlock"]
+
+
+class Prepared(Protocol):
+    """What an owner made of a block's values where they were polled (a shard child decodes
+    its own blocks: the owner's ``prepare``); it travels instead of the values.
+
+    ``needs_values``: the rows whose raw values the owner still wants (a decoder's rejects,
+    for the dead-letter topic and the log); ``select(keep)``: the same for the rows where
+    ``keep`` is True (a revocation drops the rows of partitions that moved).
+    """
+
+    needs_values: list[int]
+
+    def select(self, keep: npt.NDArray[np.bool_]) -> Prepared: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +57,9 @@ class RecordBlock:
     #: Per partition, the consumer's position after this block where it is past the block's
     #: last record (see the class docstring); empty in the common case.
     ends: dict[int, int] = field(default_factory=dict)
+    #: What the owner's ``prepare`` made of the values in the shard's process (``Prepared``);
+    #: then ``values`` holds only the rows it still needs (the others are ``b""``).
+    prepared: Any = None
 
     @classmethod
     def from_columns(
@@ -92,7 +110,7 @@ class RecordBlock:
         if not keep.any() and not ends:
             return None
         idx = np.flatnonzero(keep)
-        return RecordBlock.from_columns(
+        out = RecordBlock.from_columns(
             self.topic,
             [self.values[i] for i in idx],
             self.partition[idx],
@@ -100,4 +118,17 @@ class RecordBlock:
             self.timestamp_ms[idx],
             self.serial,
             ends,
+        )
+        if self.prepared is None:
+            return out
+        return RecordBlock(
+            out.topic,
+            out.values,
+            out.partition,
+            out.offset,
+            out.timestamp_ms,
+            self.nbytes,
+            out.serial,
+            out.ends,
+            self.prepared.select(keep),
         )

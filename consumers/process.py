@@ -8,6 +8,7 @@ below: what the child's shard tells its hooks) and commands down (commit, releas
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing
 import pickle
@@ -15,6 +16,7 @@ import signal
 import struct
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -36,7 +38,12 @@ _HEADER = struct.Struct("<Q")
 
 
 def _pack_block(block: RecordBlock) -> bytes:
-    lengths = np.fromiter((len(v) for v in block.values), dtype=np.int64, count=len(block.values))
+    """A block as one message: a pickled header (the columns; with a prepared block, what it
+    was prepared into) and then the raw values: every one, or only those the owner needs."""
+    prepared = block.prepared
+    rows = list(range(len(block.values))) if prepared is None else prepared.needs_values
+    values = [block.values[i] for i in rows]
+    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
     header = pickle.dumps(
         (
             block.topic,
@@ -44,22 +51,32 @@ def _pack_block(block: RecordBlock) -> bytes:
             block.offset,
             block.timestamp_ms,
             lengths,
+            None if prepared is None else rows,
+            block.nbytes,
             block.serial,
             block.ends,
+            prepared,
         ),
         protocol=pickle.HIGHEST_PROTOCOL,
     )
-    return b"".join((_HEADER.pack(len(header)), header, *block.values))
+    return b"".join((_HEADER.pack(len(header)), header, *values))
 
 
 def _unpack_block(data: bytes) -> RecordBlock:
     (hlen,) = _HEADER.unpack_from(data)
     start = _HEADER.size + hlen
-    topic, partition, offset, ts, lengths, serial, ends = pickle.loads(data[_HEADER.size : start])  # noqa: S301 - our own child
+    head = pickle.loads(data[_HEADER.size : start])  # noqa: S301 - our own child
+    topic, partition, offset, ts, lengths, rows, nbytes, serial, ends, prepared = head
     stops = (np.cumsum(lengths) + start).tolist()
     starts = [start, *stops[:-1]] if stops else []
-    values = [data[a:b] for a, b in zip(starts, stops, strict=True)]
-    return RecordBlock(topic, values, partition, offset, ts, int(lengths.sum()), serial, ends)
+    sent = [data[a:b] for a, b in zip(starts, stops, strict=True)]
+    if rows is None:
+        values = sent
+    else:  # a prepared block: only the rows the owner needs came
+        values = [b""] * len(offset)
+        for i, value in zip(rows, sent, strict=True):
+            values[i] = value
+    return RecordBlock(topic, values, partition, offset, ts, nbytes, serial, ends, prepared)
 
 
 # ---- events: child -> parent ------------------------------------------------------------------
@@ -299,6 +316,7 @@ def _child_main(
     use_barrier: bool,
     levels: dict[str, int],
     reasons: dict[int, str] | None = None,
+    prepare: Callable[[RecordBlock], Any] | None = None,
 ) -> None:
     # Terminal and group signals are the parent's to act on (DESIGN.md section 3, shutdown):
     # the parent started this process with them blocked, so none arrived before this point.
@@ -359,6 +377,9 @@ def _child_main(
                 send(Joining(joining))
             block = shard.get(0.1)
             if block is not None:
+                if prepare is not None and len(block):
+                    # Decoded here, where the records are: the parent's map gets columns.
+                    block = dataclasses.replace(block, prepared=prepare(block))
                 data_conn.send_bytes(_pack_block(block))
     except ShardFailedError as exc:
         send(Failed(_picklable(exc.__cause__ or exc)))
@@ -401,8 +422,13 @@ class ProcessShard:
         barrier: Barrier | None = None,
         restore: dict[int, int] | None = None,
         max_blocks: int | None = None,
+        prepare: Callable[[RecordBlock], Any] | None = None,
     ) -> None:
+        """``prepare``: run on each block in the child, where its records are (picklable: a
+        module-level function or a partial of one); what it returns (``Prepared``) travels
+        instead of the values the owner does not need."""
         self.settings = settings
+        self._prepare = prepare
         self.shard_index = shard_index
         self.num_shards = num_shards
         self.hooks = hooks or ShardHooks()
@@ -446,6 +472,7 @@ class ProcessShard:
                 self._barrier is not None,
                 _logger_levels(),
                 {p: self.hooks.seek_reason(p) for p in self._restore},
+                self._prepare,
             ),
             name=f"streamer-shard-{self.shard_index}",
             daemon=True,

@@ -83,6 +83,7 @@ __all__ = [
     "decode_block",
     "encode_record",
     "explain_reject",
+    "prepare_block",
 ]
 
 
@@ -103,6 +104,28 @@ class DecodedBlock:
 
     def __len__(self) -> int:
         return len(self.kept)
+
+    @property
+    def needs_values(self) -> list[int]:
+        """The rows whose raw values are still wanted: the rejects (dead letters, the log)."""
+        return [i for i, _ in self.rejected]
+
+    def select(self, keep: npt.NDArray[np.bool_]) -> DecodedBlock:
+        """The decode of the block's rows where ``keep`` is True, renumbered as that block's.
+
+        >>> from streamer.decode.schema import Feature, Schema
+        >>> s = Schema((Feature("y", "int64"),))
+        >>> d = decode_block(s, [encode_record(s, {"y": 1}), b"\\xc1", encode_record(s, {"y": 3})])
+        >>> e = d.select(np.array([False, True, True]))
+        >>> e.features["y"].tolist(), e.kept.tolist(), e.rejected
+        ([3], [1], [(0, 'format')])
+        """
+        renumber = np.cumsum(keep) - 1
+        rows = keep[self.kept]
+        features = {name: mask_rows(column, rows) for name, column in self.features.items()}
+        kept = renumber[self.kept[rows]].astype(np.int64)
+        rejected = [(int(renumber[i]), r) for i, r in self.rejected if keep[i]]
+        return DecodedBlock(features, kept, rejected)
 
     def reason_counts(self) -> dict[str, int]:
         """How many records were rejected for each reason (reasons with none left out)."""
@@ -426,6 +449,13 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
     if plan.finite and n:
         arrays, kept_rows, rejected = _drop_non_finite(plan.finite, arrays, kept_rows, rejected)
     return DecodedBlock(arrays, kept_rows, rejected)
+
+
+def prepare_block(schema: Schema, block: Any) -> DecodedBlock:
+    """A shard child's preparation of a block for its owner: the decode, on the child's core
+    (``consumers.process``); the parent's map then gets columns, and only the rejects' raw
+    values travel (``DecodedBlock.needs_values``)."""
+    return decode_block(schema, block.values)
 
 
 def _expected(fp: FeaturePlan) -> str:

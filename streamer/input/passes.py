@@ -5,6 +5,7 @@ Pure: no TensorFlow, no Kafka; the clock is injected.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -123,7 +124,7 @@ class PassRules:
         if not keep.any() and not ends:
             return None
         idx = np.flatnonzero(keep)
-        return RecordBlock.from_columns(
+        clipped = RecordBlock.from_columns(
             block.topic,
             [block.values[i] for i in idx],
             block.partition[idx],
@@ -132,3 +133,7 @@ class PassRules:
             block.serial,
             ends,
         )
+        if block.prepared is None:
+            return clipped
+        # Decoded in a shard's child: its decode is clipped alike.
+        return dataclasses.replace(clipped, prepared=block.prepared.select(keep))

@@ -21,7 +21,7 @@ from consumers.errors import ConfigError, PipelineError, RejectLimitError, Strea
 from consumers.settings import ConsumerSettings
 from streamer.decode.columns import METADATA_COLUMNS, flat_outputs, output_types, to_batch
 from streamer.decode.ragged import Column, concat_rows, num_rows
-from streamer.decode.records import decode_block, explain_reject
+from streamer.decode.records import DecodedBlock, decode_block, explain_reject, prepare_block
 from streamer.decode.schema import Schema
 from streamer.input.breaker import RejectBreaker
 from streamer.input.offsets import OffsetTracker
@@ -181,9 +181,21 @@ class StreamSource:
         return JoinBarrier(self.settings.num_shards, settle_s=1.5 * heartbeat_s)
 
     def _kafka_factory(self, consumer: ConsumerSettings) -> ShardFactory:
+        # A process shard decodes its blocks in its own child, on its own core: the map here
+        # then only hands the columns to TensorFlow (and the rejects' values travel alone).
+        prepare = functools.partial(prepare_block, self.schema)
+
         def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
             restore = self.router.restore_offsets()
-            return open_shard(consumer, k, n, hooks=hooks, barrier=self._barrier, restore=restore)
+            return open_shard(
+                consumer,
+                k,
+                n,
+                hooks=hooks,
+                barrier=self._barrier,
+                restore=restore,
+                prepare=prepare,
+            )
 
         return make
 
@@ -396,7 +408,11 @@ class StreamSource:
             block.offset,
             block.timestamp_ms,
         )
-        decoded = decode_block(self.schema, values)
+        prepared = block.prepared
+        if isinstance(prepared, DecodedBlock):  # decoded in the shard's child already
+            decoded = prepared
+        else:
+            decoded = decode_block(self.schema, values)
         kept = decoded.kept
         refused = [(int(partition[i]), int(offset[i]), r) for i, r in decoded.rejected]
         if self.breaker.observe(len(values), refused):

@@ -3,6 +3,8 @@ shard's wire format for blocks."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from consumers.block import RecordBlock
@@ -54,3 +56,29 @@ def test_the_pipe_format_round_trips_every_block() -> None:
             block.ends,
             block.nbytes,
         )
+
+
+class _Prepared:
+    """A stand-in for the owner's decode: keeps the rows it was given, wants row values."""
+
+    def __init__(self, rows: list[int], needs: list[int]) -> None:
+        self.rows = rows
+        self.needs_values = needs
+
+    def select(self, keep: np.ndarray) -> _Prepared:
+        kept = [r for r, k in zip(self.rows, keep, strict=True) if k]
+        renumber = np.cumsum(keep) - 1
+        return _Prepared(kept, [int(renumber[i]) for i in self.needs_values if keep[i]])
+
+
+def test_a_prepared_block_travels_without_the_values_its_owner_does_not_need() -> None:
+    block = RecordBlock.from_columns("t", [b"aaa", b"bad", b"ccc"], [0, 1, 0], [5, 9, 6], [1, 2, 3])
+    block = dataclasses.replace(block, prepared=_Prepared([0, 1, 2], needs=[1]))
+    data = _pack_block(block)
+    assert b"aaa" not in data and b"bad" in data
+    back = _unpack_block(data)
+    assert back.values == [b"", b"bad", b""] and back.nbytes == block.nbytes
+    assert back.offset.tolist() == [5, 9, 6] and back.prepared.needs_values == [1]
+    # A revocation keeps the prepared part in step with the rows.
+    rest = back.without_partitions({1})
+    assert rest is not None and rest.prepared.rows == [0, 2] and rest.prepared.needs_values == []
