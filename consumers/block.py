@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -109,6 +110,12 @@ class RecordBlock:
             return self
         if not keep.any() and not ends:
             return None
+        return self.rows(keep, ends)
+
+    def rows(self, keep: npt.NDArray[np.bool_], ends: dict[int, int]) -> RecordBlock:
+        """This block's records where ``keep`` is True, with ``ends`` (a prepared block's
+        preparation is selected alike; its byte count, of values that did not travel, is
+        scaled to the rows kept)."""
         idx = np.flatnonzero(keep)
         out = RecordBlock.from_columns(
             self.topic,
@@ -121,14 +128,5 @@ class RecordBlock:
         )
         if self.prepared is None:
             return out
-        return RecordBlock(
-            out.topic,
-            out.values,
-            out.partition,
-            out.offset,
-            out.timestamp_ms,
-            self.nbytes,
-            out.serial,
-            out.ends,
-            self.prepared.select(keep),
-        )
+        nbytes = self.nbytes * len(idx) // max(len(self), 1)
+        return dataclasses.replace(out, nbytes=nbytes, prepared=self.prepared.select(keep))

@@ -5,7 +5,6 @@ Pure: no TensorFlow, no Kafka; the clock is injected.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from collections.abc import Callable
@@ -123,17 +122,4 @@ class PassRules:
             return block
         if not keep.any() and not ends:
             return None
-        idx = np.flatnonzero(keep)
-        clipped = RecordBlock.from_columns(
-            block.topic,
-            [block.values[i] for i in idx],
-            block.partition[idx],
-            block.offset[idx],
-            block.timestamp_ms[idx],
-            block.serial,
-            ends,
-        )
-        if block.prepared is None:
-            return clipped
-        # Decoded in a shard's child: its decode is clipped alike.
-        return dataclasses.replace(clipped, prepared=block.prepared.select(keep))
+        return block.rows(keep, ends)
