@@ -6,6 +6,8 @@ import os
 
 import numpy as np
 
+from consumers.errors import ConfigError
+
 __all__ = ["AuditLog"]
 
 
@@ -20,7 +22,13 @@ class AuditLog:
     def __init__(self, path: str, topic: str) -> None:
         self.path = path
         self.topic = topic
-        self._fh = open(path, "a", encoding="ascii")  # noqa: SIM115 - kept open for the run
+        try:  # its folder is made, as the checkpoint and export folders are
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            self._fh = open(path, "a", encoding="ascii")  # noqa: SIM115 - kept open for the run
+        except OSError as exc:
+            raise ConfigError(
+                "audit_log", path, f"cannot be written ({exc.strerror or exc}); pick another path"
+            ) from exc
 
     def add(self, partition: np.ndarray, offset: np.ndarray) -> None:
         prefix = self.topic + ","
