@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import kafka.errors as kerrors
 from kafka import TopicPartition
@@ -39,6 +40,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class _Readiness(Protocol):
@@ -277,6 +279,31 @@ class PartitionLag:
         return asdict(self)
 
 
+#: A group's coordinator can be briefly unknown (a fresh broker creating __consumer_offsets,
+#: a coordinator moving): these are retried within the call's timeout.
+_COORDINATOR_RETRIABLE = (
+    kerrors.CoordinatorNotAvailableError,
+    kerrors.CoordinatorLoadInProgressError,
+    kerrors.NotCoordinatorError,
+)
+
+
+def _with_coordinator(call: Callable[[], _T], timeout_ms: int) -> _T:
+    """``call()``, again after 0.5 s (doubling) while the group's coordinator is not ready,
+    for up to ``timeout_ms``; then the last error."""
+    deadline = time.monotonic() + timeout_ms / 1000
+    backoff = 0.5
+    while True:
+        try:
+            return call()
+        except _COORDINATOR_RETRIABLE:
+            if time.monotonic() + backoff >= deadline:
+                raise
+            log.debug("group coordinator not ready; asking again in %.1fs", backoff)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 4.0)
+
+
 def group_lag(
     bootstrap: str,
     group: str,
@@ -296,7 +323,9 @@ def group_lag(
 
     admin = _admin_client(bootstrap, security, timeout_ms)
     try:
-        committed_raw = admin.list_group_offsets(group).get(group, {})
+        committed_raw = _with_coordinator(
+            lambda: admin.list_group_offsets(group).get(group, {}), timeout_ms
+        )
     finally:
         admin.close()
     committed = {
@@ -360,8 +389,10 @@ def group_activity(
 
     admin = _admin_client(bootstrap, security, timeout_ms)
     try:
-        described: dict[str, Any] = admin.describe_groups([group]).get(group) or {}
-        raw = admin.list_group_offsets(group).get(group, {})
+        described: dict[str, Any] = (
+            _with_coordinator(lambda: admin.describe_groups([group]), timeout_ms).get(group) or {}
+        )
+        raw = _with_coordinator(lambda: admin.list_group_offsets(group).get(group, {}), timeout_ms)
     finally:
         admin.close()
     committed = {
@@ -398,7 +429,9 @@ def reset_group(
 
     admin = _admin_client(bootstrap, security, timeout_ms)
     try:
-        described: dict[str, Any] = admin.describe_groups([group]).get(group) or {}
+        described: dict[str, Any] = (
+            _with_coordinator(lambda: admin.describe_groups([group]), timeout_ms).get(group) or {}
+        )
         members = len(described.get("members") or [])
         if members:
             raise GroupActiveError(group, members)

@@ -858,6 +858,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        # A Kafka client's own error that no layer above typed (an operations tool asking a
+        # broker mid-change): one line that names it, not a traceback.
+        if not type(exc).__module__.startswith(("kafka.", "confluent_kafka")):
+            raise
+        print(
+            f"streamer: error: the broker answered {type(exc).__name__} ({exc}); "
+            "it may be starting or moving a coordinator: try again in a few seconds",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -204,3 +204,36 @@ def test_no_broker_is_one_clear_error_in_bounded_time(command: list[str]) -> Non
     assert len(errors) <= 2, errors  # the worker's ERROR line and the CLI's, at most
     assert "Traceback" not in out.stderr and "kafka." not in out.stderr, out.stderr[-3000:]
     assert took < 60, took
+
+
+def test_a_kafka_clients_own_error_in_a_tool_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An error no layer typed (here the coordinator of a fresh broker, still after the
+    retries) ends ``streamer lag`` with one line naming it and exit 1, not a traceback."""
+    import kafka.errors as kerrors
+
+    import consumers.admin
+    from streamer.cli.commands import main
+
+    def unready(*_: object, **__: object) -> None:
+        raise kerrors.CoordinatorNotAvailableError("GROUP/trainer")
+
+    monkeypatch.setattr(consumers.admin, "group_lag", unready)
+    code = main(["lag", "--bootstrap", "127.0.0.1:9", "--group", "trainer"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "CoordinatorNotAvailableError" in err and "try again" in err, err
+
+
+def test_an_error_of_ours_still_comes_out_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    import consumers.admin
+    from streamer.cli.commands import main
+
+    def bug(*_: object, **__: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(consumers.admin, "group_lag", bug)
+    with pytest.raises(ZeroDivisionError):
+        main(["lag", "--bootstrap", "127.0.0.1:9", "--group", "trainer"])
