@@ -183,3 +183,13 @@ def test_bench_scaling_modes_ceilings_and_freshness(kafka_bootstrap: str) -> Non
     assert clients == {"kafka-python", "confluent"}
     for q in out["freshness"]:
         assert 0 < q["p50"] <= q["p90"] <= q["p99"] < 60, q
+
+
+def test_the_checkpoint_benchmark_measures_both_models() -> None:
+    """benchmarks.checkpoint builds its models as the product does (it once passed a loss and
+    an optimizer to ModelBundle, which no longer takes them, and crashed)."""
+    from benchmarks.checkpoint import big_model, measure
+
+    m = measure("small embedding", big_model(0.2), saves=1, steps=3)
+    assert m["weights_mb"] > 0.2 and m["checkpoint_mb"] > 0.2
+    assert m["save_s"] > 0 and m["restore_s"] > 0 and m["step_s"] > 0
