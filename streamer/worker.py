@@ -323,8 +323,11 @@ class Worker(Lifecycle):
         source.begin_pass()
         iterator = iter(self.dataset)
         exhausted = False
+        drain_until: float | None = None
         try:
-            while not self._stopping.is_set():
+            while not self._stopping.is_set() or self._draining(drain_until):
+                if self._stopping.is_set() and drain_until is None:
+                    drain_until = self._begin_drain()
                 if self.profiler is not None:
                     self.profiler.before_step(self.step)
                 t0 = time.perf_counter()
@@ -373,7 +376,33 @@ class Worker(Lifecycle):
             del iterator
             gc.collect()
             self._end_pass()
+        if drain_until is not None and not exhausted:
+            log.warning(
+                "the shuffle window was not trained within %.0fs of the stop: the records it "
+                "held, and those trained after them, are trained again after a restart",
+                self._drain_seconds(),
+            )
         return exhausted and not self._stopping.is_set()
+
+    def _drain_seconds(self) -> float:
+        return min(10.0, self.config.shutdown_timeout / 2)
+
+    def _begin_drain(self) -> float:
+        """A clean stop with a shuffle window trains what the window holds first: a record
+        there is behind records already trained, and the commit cannot pass it, so without
+        this a restart would train everything after it again (the shards have stopped, so
+        the pass ends once the window is out)."""
+        log.info(
+            "stopping: training the shuffle window's records first (at most %.0fs)",
+            self._drain_seconds(),
+        )
+        return time.monotonic() + self._drain_seconds()
+
+    def _draining(self, drain_until: float | None) -> bool:
+        """Go on after a stop request: only with a shuffle window, within the drain time."""
+        if not self.config.shuffle_buffer:
+            return False
+        return drain_until is None or time.monotonic() < drain_until
 
     def status_lag(self) -> Callable[[], int] | None:
         """A replay's lag is what is left of its range (the records after --to are not its)."""
