@@ -66,6 +66,7 @@ class Worker(Lifecycle):
         self.evaluator: Evaluator | None = None
         self.probe: BrokerProbe | None = None
         self._diverged: ModelDivergedError | None = None
+        self._final_lag: int | None = None  # the lag as the last pass ended (status line)
         self._start: StreamStart | None = None
         self._metrics_window = time.monotonic()
 
@@ -294,7 +295,7 @@ class Worker(Lifecycle):
             self._run_start_step,
         ):
             self._export()  # a clean stop: the final model is served too
-        status.maybe(self.step, self.loss, final=True)
+        status.maybe(self.step, self.loss, final=True, lag=self._final_lag)
         status.end()
         log.info("stopped (%s) at step %d", self._stop_reason, self.step)
         return 0
@@ -537,6 +538,8 @@ class Worker(Lifecycle):
 
         A diverged model is never checkpointed, and with checkpoints nothing is committed past
         the last good one (commits follow checkpoints)."""
+        if self.metrics is not None:  # the shards close below, and their partitions' lag
+            self._final_lag = int(self.metrics.snapshot()["consumer_lag_records"])
         try:
             committer = self.committer
             if self._diverged is not None:

@@ -115,6 +115,7 @@ class ShardRouter(ShardHooks):
             seeks = {p: self._restore[p] for p in partitions if p in self._restore}
         if self.metrics is not None:
             self.metrics.partitions_assigned(partitions)
+            self.metrics.seed_start(seeks)  # the lag counts from where they start
             self.metrics.rebalance("assigned")
         return seeks
 

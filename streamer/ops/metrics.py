@@ -126,6 +126,13 @@ class _PartitionState:
     #: read_committed: how far the last stable offset was below the high watermark when last
     #: read (the records of transactions still open); 0 under read_uncommitted.
     unstable: int = 0
+    #: Where this assignment starts when it does not start at the group's commit (a
+    #: checkpoint's offset, --start-from's): the lag counts from here, not from the commit.
+    start: int | None = None
+
+    def floor(self) -> int:
+        """Below this nothing is left to train in this assignment."""
+        return max(self.trained, self.committed if self.start is None else self.start)
 
     def readable(self) -> int:
         """The end of what this isolation level can read: the high watermark less the open
@@ -156,11 +163,14 @@ class Metrics:
     ``consumer_lag_records`` = readable end - max(trained offset, committed offset), never
     negative, updated together with its inputs under one lock. The readable end is the high
     watermark, or under read_committed the last stable offset (``set_last_stable``): records
-    of a transaction still open cannot be read yet, so they are not lag. The committed offset is a floor
-    because every record below it was trained (by this worker or the one before it), which keeps
-    the lag honest after a (re)assignment before the first step; during normal operation
-    committed <= trained, so it is high watermark - trained. The trained offset is the highest
-    trained offset + 1 within the current assignment (it never moves back while assigned).
+    of a transaction still open cannot be read yet, so they are not lag. The committed offset
+    is a floor because every record below it was trained (by this worker or the one before
+    it), which keeps the lag honest after a (re)assignment before the first step; where the
+    assignment starts elsewhere (a checkpoint's or ``--start-from``'s offset: ``seed_start``)
+    that offset is the floor instead. During normal operation committed <= trained, so it is
+    high watermark - trained. The trained offset is the highest trained offset + 1 within the
+    current assignment (it never moves back while assigned; with a shuffle window, records
+    still in the window below it are not counted).
 
     ``eval_loss`` and ``model_loss`` read NaN until the first evaluation / step reports one
     (never a perfect-looking 0); ``eval_metric{metric}`` and ``train_metric{metric}`` have one
@@ -437,7 +447,7 @@ class Metrics:
 
     @staticmethod
     def _lag_of(state: _PartitionState) -> int:
-        return max(0, state.readable() - max(state.trained, state.committed))
+        return max(0, state.readable() - state.floor())
 
     def _update_lag(self, partition: int, state: _PartitionState) -> None:
         # Caller holds self._lock.
@@ -603,6 +613,17 @@ class Metrics:
                     continue
                 state.committed = offset
                 self.partition_committed.labels(self.topic, str(p)).set(offset)
+                self._update_lag(p, state)
+
+    def seed_start(self, offsets: Mapping[int, int]) -> None:
+        """Where (re)assigned partitions start when not at the group's commit (a checkpoint's
+        offset, ``--start-from``'s): their lag counts from there, whatever the group holds."""
+        with self._lock:
+            for p, offset in offsets.items():
+                state = self._partitions.get(p)
+                if state is None:
+                    continue
+                state.start = offset
                 self._update_lag(p, state)
 
     def rebalance(self, event: RebalanceEvent) -> None:

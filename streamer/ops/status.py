@@ -53,8 +53,13 @@ class StatusLine:
         self._last = self._clock()
         self._last_samples = 0.0
         self._idle = 0.0  # idle waits since the last frame
-        self._start = self._last
+        #: The run's training time: from the first step's frame to the last step's, less the
+        #: idle waits between (start-up, the first trace and shutdown are not training).
+        self._began: float | None = None
+        self._began_samples = 0.0
+        self._last_step_at = self._last
         self._idle_total = 0.0
+        self._idle_at_last_step = 0.0
         self._frame = ""
         self._shown = False  # the first step is always shown: where the loss starts
         if self.tty:
@@ -66,23 +71,43 @@ class StatusLine:
         """The trainer waited ``seconds`` for input: a wait of a second or more is idle."""
         if seconds >= IDLE_WAIT_S:
             self._idle += seconds
-            self._idle_total += seconds
+            if self._began is not None:  # the first batch's wait is start-up (the group join)
+                self._idle_total += seconds
 
-    def maybe(self, step: int, loss: float, force: bool = False, final: bool = False) -> None:
+    def maybe(
+        self,
+        step: int,
+        loss: float,
+        force: bool = False,
+        final: bool = False,
+        lag: int | None = None,
+    ) -> None:
+        """A frame if one is due (``force``: now). ``final``: the last one, its rate over the
+        run's training time; ``lag``: the lag to show where the partitions are gone by then
+        (read before the shards closed)."""
         now = self._clock()
+        if not final:
+            self._last_step_at, self._idle_at_last_step = now, self._idle_total
         if not force and not final and self._shown and now - self._last < self.interval:
             return
         self._shown = True
         snap = self.metrics.snapshot()
         samples = snap["samples_trained"]
+        if self._began is None and not final:
+            self._began, self._began_samples = now, samples
         if final:  # the whole run over its training time: a true last frame
-            busy = now - self._start - self._idle_total
-            rate = samples / busy if busy > 0 and samples else 0.0
+            began = self._last_step_at if self._began is None else self._began
+            busy = self._last_step_at - began - self._idle_at_last_step
+            done = samples - self._began_samples
+            rate = done / busy if busy > 0 and done else 0.0
         else:
             busy = now - self._last - self._idle
             rate = (samples - self._last_samples) / busy if busy > 0 else 0.0
         self._last, self._last_samples, self._idle = now, samples, 0.0
-        lag = int(snap["consumer_lag_records"]) if self._lag is None else int(self._lag())
+        if self._lag is not None:
+            lag = int(self._lag())
+        elif lag is None:
+            lag = int(snap["consumer_lag_records"])
         commits = int(snap["offset_commits_success"])
         if self.tty:
             self._frame = (

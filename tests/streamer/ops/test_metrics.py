@@ -251,6 +251,24 @@ def test_lag_uses_the_committed_offset_before_the_first_step() -> None:
     assert value(m, "streamer_consumer_lag_records", **pl(0)) == 5.0
 
 
+def test_lag_counts_from_where_an_assignment_starts_not_from_the_commit() -> None:
+    """A checkpoint's or --start-from's offset replaces the group's commit as the floor: the
+    records a seek skips are not left to train, and those it goes back to are."""
+    m = make_metrics()
+    m.partitions_assigned([0, 1, 2])
+    for p in (0, 1, 2):
+        m.set_high_watermark(p, 15_000)
+    m.seed_committed({0: 10_041, 1: 10_041})  # a reset-group, say
+    m.seed_start({0: 15_003, 2: 9_959})  # the checkpoint is past it; --start-from on 2
+    assert value(m, "streamer_consumer_lag_records", **pl(0)) == 0.0  # not 4,959
+    assert value(m, "streamer_consumer_lag_records", **pl(1)) == 15_000 - 10_041
+    assert value(m, "streamer_consumer_lag_records", **pl(2)) == 15_000 - 9_959  # not 15,000
+    m.seed_start({1: 9_000})  # a start below the commit: those records train again
+    assert value(m, "streamer_consumer_lag_records", **pl(1)) == 6_000.0
+    m.observe_trained([2], [12_000], [0], NOW)
+    assert value(m, "streamer_consumer_lag_records", **pl(2)) == 15_000 - 12_001
+
+
 def test_observe_trained_is_per_partition_max_and_counts_every_age() -> None:
     m = make_metrics()
     m.partitions_assigned([0, 1, 2])

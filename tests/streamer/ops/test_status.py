@@ -84,3 +84,28 @@ def test_a_terminal_gets_one_line_rewritten_in_place() -> None:
     line.end()
     text = out.getvalue()
     assert text.count("\r\x1b[K") >= 2 and "loss 0.2500" in text and text.endswith("\n")
+
+
+def test_the_final_rate_leaves_start_up_and_shutdown_out_and_shows_the_lag_it_is_given(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The run's rate is over its steps: the group join before the first batch and the
+    checkpoint, commit and close after the last are not training time. The final lag is the
+    one read before the shards closed (the partitions are gone by then)."""
+    snap, clock = Snapshot(), Clock()
+    line = StatusLine(io.StringIO(), 10.0, snap, clock=clock)  # type: ignore[arg-type]
+    caplog.set_level(logging.INFO, logger="streamer.worker")
+    clock.now += 30.0
+    line.waited(30.0)  # joining the group
+    snap.values["samples_trained"] = 256.0
+    line.maybe(1, 0.5)
+    for step in range(2, 12):  # ten steps of 256 in 2 s
+        clock.now += 0.2
+        snap.values["samples_trained"] += 256.0
+        line.maybe(step, 0.4)
+    clock.now += 40.0  # checkpoint, commit, close, export
+    snap.values["consumer_lag_records"] = 0.0  # the partitions were revoked
+    line.maybe(11, 0.4, final=True, lag=59_080)
+    final = progress(caplog)[-1]
+    assert final["samples_per_second"] == "1280"  # 2,560 in 2 s, not 2,816 in 72 s
+    assert final["lag"] == "59080"
