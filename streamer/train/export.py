@@ -23,7 +23,7 @@ takes the same ``tf.RaggedTensor`` the model was trained on::
     loaded.signatures["serving_default"](
         user=users, items=flat_ids, items_row_lengths=lengths, x=x)
 
-A version is written under ``<dir>/.tmp-<version>-<random>`` (a name TF Serving ignores: not
+A version is written under ``<dir>/.streamer-tmp-<version>-<random>`` (a name TF Serving ignores: not
 all digits) and then renamed into place, so a reader polling the directory sees a version
 either complete or not at all. Old versions are renamed to ``.del-...`` before they are deleted,
 for the same reason. Versions strictly increase, across restarts too: a new version is
