@@ -225,7 +225,8 @@ class Soak:
     def restart_broker(self) -> None:
         how = self.rng.choice(["SIGKILL", "SIGTERM"])
         down = self.rng.uniform(self.args.min_down, self.args.max_down)
-        _say(f"broker {how}, down for {down:.1f}s")
+        _say(f"broker {how}, started again after {down:.1f}s")
+        t0 = time.monotonic()
         if how == "SIGKILL":
             self.broker.kill()
         else:
@@ -233,7 +234,7 @@ class Soak:
         time.sleep(down)
         self.broker.start()
         self.events[f"broker restarts ({how})"] += 1
-        _say("broker back")
+        _say(f"broker back: down {time.monotonic() - t0:.1f}s in all (its start-up included)")
 
     def kill_worker(self) -> None:
         how = self.rng.choice(["SIGKILL", "SIGTERM"])
