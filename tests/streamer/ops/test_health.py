@@ -248,7 +248,13 @@ def test_close_is_idempotent_and_joins_the_thread(metrics: Metrics, health: Heal
     assert get(srv, "/healthz")[0] == 200
     srv.close()
     srv.close()
-    assert threading.active_count() == before
+    # close() joins the serving thread; the GET's handler thread (a daemon) ends by itself
+    # right after its response, so wait a moment for it rather than race it.
+    assert f"metrics-http-{srv.port}" not in {t.name for t in threading.enumerate()}
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert threading.active_count() <= before
     with pytest.raises(ConnectionRefusedError):
         get(srv, "/healthz")
     with pytest.raises(RuntimeError, match="after close"):
