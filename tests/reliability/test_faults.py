@@ -198,12 +198,13 @@ def _wait_trained(worker: WorkerProcess, audit: Path, n: int, what: str) -> None
 @pytest.mark.parametrize(
     ("how", "pass_boundary", "client"),
     [
+        # A SIGKILL within one pass is covered by the SIGTERM case (the consumers reconnect
+        # by themselves) and the SIGKILL ones across a pass boundary (70 s of CI saved).
         ("sigterm", False, "kafka-python"),
-        ("sigkill", False, "kafka-python"),
         ("sigkill", True, "kafka-python"),
         ("sigkill", True, "confluent"),
     ],
-    ids=["sigterm", "sigkill", "sigkill-across-a-pass-boundary", "confluent-sigkill-pass"],
+    ids=["sigterm", "sigkill-across-a-pass-boundary", "confluent-sigkill-pass"],
 )
 def test_worker_survives_a_broker_restart_without_losing_records(
     private_broker: PrivateBroker, tmp_path: Path, how: str, pass_boundary: bool, client: str
