@@ -397,6 +397,7 @@ class Worker(Lifecycle):
             "stopping: training the shuffle window's records first (at most %.0fs)",
             self._drain_seconds(),
         )
+        self.source.stop()  # again: a stop that came as the pass began was cleared by resume()
         return time.monotonic() + self._drain_seconds()
 
     def _draining(self, drain_until: float | None) -> bool:
