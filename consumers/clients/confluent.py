@@ -296,7 +296,13 @@ class ConfluentClient:
             for p in parts:
                 self._skipped.pop(p, None)
             if self._cooperative:
-                consumer.incremental_unassign(tps)
+                # Only what librdkafka still holds: a partition it dropped already (a
+                # rebalance racing a lost session) is refused with _INVALID_ARG "not in the
+                # current assignment", which failed the shard (seen once in CI).
+                held = {(tp.topic, tp.partition) for tp in consumer.assignment()}
+                tps = [tp for tp in tps if (tp.topic, tp.partition) in held]
+                if tps:
+                    consumer.incremental_unassign(tps)
             else:
                 consumer.unassign()
         except BaseException as exc:
