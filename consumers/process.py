@@ -41,8 +41,8 @@ def _pack_block(block: RecordBlock) -> bytes:
     """A block as one message: a pickled header (the columns; with a prepared block, what it
     was prepared into) and then the raw values: every one, or only those the owner needs."""
     prepared = block.prepared
-    rows = list(range(len(block.values))) if prepared is None else prepared.needs_values
-    values = [block.values[i] for i in rows]
+    rows = None if prepared is None else prepared.needs_values
+    values = block.values if rows is None else [block.values[i] for i in rows]
     lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
     header = pickle.dumps(
         (
@@ -51,7 +51,7 @@ def _pack_block(block: RecordBlock) -> bytes:
             block.offset,
             block.timestamp_ms,
             lengths,
-            None if prepared is None else rows,
+            rows,
             block.nbytes,
             block.serial,
             block.ends,
