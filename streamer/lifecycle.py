@@ -85,6 +85,11 @@ class Lifecycle:
     def _on_stop(self) -> None:
         """What a stop request does at once, besides being noted (a hook)."""
 
+    def _drain_seconds(self) -> float:
+        """How long a clean stop may train the records already read: at most 10 s, or half
+        of --shutdown-timeout (the rest is for the checkpoint, the commits and closing)."""
+        return min(10.0, self.config.shutdown_timeout / 2)
+
     # ---- the run ------------------------------------------------------------------------------
 
     def run(self) -> int:

@@ -379,30 +379,33 @@ class Worker(Lifecycle):
             self._end_pass()
         if drain_until is not None and not exhausted:
             log.warning(
-                "the shuffle window was not trained within %.0fs of the stop: the records it "
-                "held, and those trained after them, are trained again after a restart",
+                "the records already read were not all trained within %.0fs of the stop: "
+                "those left, and any trained after them, are trained again after a restart",
                 self._drain_seconds(),
             )
         return exhausted and not self._stopping.is_set()
 
-    def _drain_seconds(self) -> float:
-        return min(10.0, self.config.shutdown_timeout / 2)
-
     def _begin_drain(self) -> float:
-        """A clean stop with a shuffle window trains what the window holds first: a record
-        there is behind records already trained, and the commit cannot pass it, so without
-        this a restart would train everything after it again (the shards have stopped, so
-        the pass ends once the window is out)."""
+        """A clean stop trains the records already read first: the decode map hands blocks on
+        as they finish, so a partition's later block may be trained before an earlier one,
+        and a shuffle window holds records behind later ones. The commit cannot pass a record
+        not trained, so without this a restart would train everything after it again (the
+        shards have stopped, so the pass ends once what they read is out)."""
         log.info(
-            "stopping: training the shuffle window's records first (at most %.0fs)",
+            "stopping: training the records already read first (at most %.0fs)",
             self._drain_seconds(),
         )
         self.source.stop()  # again: a stop that came as the pass began was cleared by resume()
         return time.monotonic() + self._drain_seconds()
 
     def _draining(self, drain_until: float | None) -> bool:
-        """Go on after a stop request: only with a shuffle window, within the drain time."""
-        if not self.config.shuffle_buffer:
+        """Go on after a stop request, within the drain time: not after the reject breaker
+        tripped (stop at once), nor at --max-steps without a shuffle window (N steps, exactly;
+        a record read and not trained is read again, and one trained past it trained again)."""
+        if self.source.reject_limit is not None:
+            return False
+        reason = self._stop_reason or ""
+        if reason.startswith("--max-steps") and not self.config.shuffle_buffer:
             return False
         return drain_until is None or time.monotonic() < drain_until
 

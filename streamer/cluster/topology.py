@@ -250,6 +250,7 @@ class RoundDecision:
     global_rows: int
     stop: str | None  # why the cluster stops after this round (None: go on)
     checkpoint: bool
+    drain: bool = False  # a stop was asked: from the next round on, train what was read, stop
 
 
 def decide(
@@ -262,11 +263,26 @@ def decide(
     max_steps: int | None,
     stopping_here: str | None,
     stop_after_idle: float | None,
+    draining: bool = False,
 ) -> RoundDecision:
     """The round's decision from the all-reduced control vector.
 
     ``step`` counts training steps after this round's step (if any); a checkpoint is taken
     only when the step moved since the last one.
+
+    A stop request (a signal, the reject breaker) first drains: every worker stops reading
+    and trains what it read (a later block of a partition may have been trained before an
+    earlier one, which the commit cannot pass), reporting DONE when its input ended or its
+    drain time is up; the cluster stops when every worker is done.
+
+    >>> s = Control.local(real=0, stop=True, done=False, checkpoint=False, full=False, loss_sum=0)
+    >>> kw = dict(workers=2, step=7, last_checkpoint_step=5, checkpoint_every_steps=100,
+    ...           max_steps=None, stopping_here=None, stop_after_idle=None)
+    >>> d = decide(s, **kw); d.drain, d.stop
+    (True, None)
+    >>> d = decide(s + 2 * Control.local(real=0, stop=False, done=True, checkpoint=False,
+    ...            full=False, loss_sum=0), draining=True, **kw); d.stop, d.checkpoint
+    ('another worker was stopped', True)
 
     >>> c = Control.local(real=0, stop=False, done=True, checkpoint=False, full=False, loss_sum=0)
     >>> d = decide(2 * c, workers=2, step=7, last_checkpoint_step=5, checkpoint_every_steps=100,
@@ -277,11 +293,15 @@ def decide(
     vec = np.asarray(ctrl, dtype=np.float64)
     rows = round(float(vec[Control.REAL]))
     stop: str | None = None
+    drain = False
+    all_done = round(float(vec[Control.DONE])) >= workers
     if vec[Control.STOP] > 0:
-        stop = stopping_here or "another worker was stopped"
+        if draining and all_done:
+            stop = stopping_here or "another worker was stopped"
+        drain = not draining
     elif max_steps is not None and step >= max_steps:
         stop = f"--max-steps {max_steps}"
-    elif round(float(vec[Control.DONE])) >= workers:
+    elif all_done:
         stop = (
             f"idle for {stop_after_idle:g}s"
             if stop_after_idle is not None
@@ -296,6 +316,7 @@ def decide(
         global_rows=rows,
         stop=stop,
         checkpoint=moved and (due or stop is not None),
+        drain=drain,
     )
 
 

@@ -424,14 +424,17 @@ class DistributedWorker(Lifecycle):
         wait = True
         loss_sum, loss_rows = 0.0, 0
         last_data = time.monotonic()
+        drain_until: float | None = None  # set when every worker drains before a stop
         while True:
             batch = self.batcher.next(self.blocks, wait=wait)
             t1 = time.perf_counter()  # the round's step time: the all-reduces and the step
             now = time.monotonic()
             if batch.real:
                 last_data = now
-            done = (self.batcher.ended and not self.batcher.pending) or (
-                cfg.stop_after_idle is not None and now - last_data >= cfg.stop_after_idle
+            done = (
+                (self.batcher.ended and not self.batcher.pending)
+                or (cfg.stop_after_idle is not None and now - last_data >= cfg.stop_after_idle)
+                or (drain_until is not None and now >= drain_until)
             )
             timer = (
                 topo.chief
@@ -475,7 +478,10 @@ class DistributedWorker(Lifecycle):
                 max_steps=cfg.max_steps,
                 stopping_here=self._stop_reason if stop_here else None,
                 stop_after_idle=cfg.stop_after_idle,
+                draining=drain_until is not None,
             )
+            if decision.drain:
+                drain_until = self._begin_drain()
             if decision.stop is not None and self.source.reject_limit is None:
                 self.source.settle_rejects()  # a clean stop: the rejects so far are judged
             if decision.checkpoint and self.checkpointer is not None:
@@ -487,6 +493,17 @@ class DistributedWorker(Lifecycle):
             wait = should_wait(ctrl, mine=batch.real, full=batch.real == batch.size)
             if decision.stop is not None:
                 return decision.stop
+
+    def _begin_drain(self) -> float:
+        """Every worker, at the same round: stop reading and train what was read (the decode
+        map hands blocks on as they finish, so a partition's later block may have been
+        trained before an earlier one, and the commit cannot pass a record not trained);
+        report done when the input ended, or at the deadline returned."""
+        seconds = self._drain_seconds()
+        log.info("stopping: training the records already read first (at most %.0fs)", seconds)
+        assert self.source is not None
+        self.source.stop()
+        return time.monotonic() + seconds
 
     def _after_step(self, batch: Batch, rows: int, applied: bool, seconds: float) -> None:
         """Ack this worker's real rows (their offsets came with the batch), count the round.

@@ -46,6 +46,7 @@ from tests.workerutil import (
     end_offsets,
     free_port,
     http_get,
+    missing_and_extra,
     parse_metrics,
     read_audit,
     summarize,
@@ -142,13 +143,19 @@ def test_round_decisions_are_functions_of_the_all_reduced_vector() -> None:
     assert d(_ctrl(done=True) + _ctrl(real=3), stop_after_idle=5.0).stop is None  # type: ignore[attr-defined]
     both = d(_ctrl(done=True) + _ctrl(done=True), stop_after_idle=5.0)
     assert both.stop == "idle for 5s" and both.checkpoint  # type: ignore[attr-defined]
-    # A stop asked of one worker: the others read who stopped them; a checkpoint first.
+    # A stop asked of one worker: every worker drains first (stops reading, trains what it
+    # read) until all report done; the others read who stopped them; a checkpoint first.
     stop = _ctrl(stop=True) + _ctrl()
-    assert d(stop, stopping_here="signal SIGTERM").stop == "signal SIGTERM"  # type: ignore[attr-defined]
-    assert d(stop).stop == "another worker was stopped"  # type: ignore[attr-defined]
-    assert d(stop).checkpoint  # type: ignore[attr-defined]
+    first = d(stop, stopping_here="signal SIGTERM")
+    assert (first.drain, first.stop, first.checkpoint) == (True, None, False)  # type: ignore[attr-defined]
+    half = _ctrl(stop=True, done=True) + _ctrl(real=64)
+    assert (d(half, draining=True).drain, d(half, draining=True).stop) == (False, None)  # type: ignore[attr-defined]
+    stop = _ctrl(stop=True, done=True) + _ctrl(done=True)
+    assert d(stop, stopping_here="signal SIGTERM", draining=True).stop == "signal SIGTERM"  # type: ignore[attr-defined]
+    assert d(stop, draining=True).stop == "another worker was stopped"  # type: ignore[attr-defined]
+    assert d(stop, draining=True).checkpoint  # type: ignore[attr-defined]
     # No checkpoint when the step did not move since the last one, even at a stop.
-    assert not d(stop, last_checkpoint_step=10).checkpoint  # type: ignore[attr-defined]
+    assert not d(stop, last_checkpoint_step=10, draining=True).checkpoint  # type: ignore[attr-defined]
     assert d(_ctrl(checkpoint=True) + _ctrl()).checkpoint  # type: ignore[attr-defined]
     assert d(_ctrl(), step=100).checkpoint  # type: ignore[attr-defined]
     assert d(_ctrl(), max_steps=10).stop == "--max-steps 10"  # type: ignore[attr-defined]
@@ -586,7 +593,12 @@ def test_ctrl_c_to_launch_is_one_coordinated_clean_stop(
     assert committed_offsets(kafka_bootstrap, group_id, topic) == offsets
     counts = audits(tmp_path / "audit-0.csv", tmp_path / "audit-1.csv", topic=topic)
     below = {(p, o) for p, end in offsets.items() for o in range(end)}
-    assert counts.keys() == below and max(counts.values()) == 1
+    missing, extra = missing_and_extra(counts, below)
+    assert not missing and not extra, (
+        f"checkpoint {offsets}: never trained below it: {summarize(missing)}; trained past "
+        f"it: {summarize(extra)}\n{text[-4000:]}"
+    )
+    assert max(counts.values()) == 1
 
 
 @pytest.mark.kafka
