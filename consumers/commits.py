@@ -14,6 +14,9 @@ __all__ = ["CommitBook"]
 
 log = logging.getLogger(__name__)
 
+_RETRY_FIRST_S = 0.5  # a failed commit is asked for again after this, doubling
+_RETRY_MAX_S = 5.0
+
 
 class CommitBook:
     """The owner asks (``request``); the poller thread sends (``flush``). Guarded by ``lock``
@@ -47,6 +50,13 @@ class CommitBook:
         self._committed: dict[int, int] = {}
         self._failures = 0
         self._warned_at = -1e9
+        #: After a failed commit (the coordinator moving: a broker died), its offsets are
+        #: asked for again, not before this time (backoff doubling to _RETRY_MAX_S).
+        self._retry_at = 0.0
+        self._backoff = 0.0
+        #: Async commits sent whose answer has not come: a synchronous flush (a consumer
+        #: closing) sends them again, since kafka-python's close does not wait for them.
+        self._inflight: dict[int, int] = {}
 
     def request(self, offsets: dict[int, int]) -> None:
         with self._lock:
@@ -54,12 +64,22 @@ class CommitBook:
                 if off > self._requests.get(p, -1) and off > self._committed.get(p, -1):
                     self._requests[p] = off
 
-    def take(self) -> dict[int, int]:
-        """The requests of owned partitions, removed from the book (others are dropped)."""
+    def take(self, *, force: bool = False) -> dict[int, int]:
+        """The requests of owned partitions, removed from the book (others are dropped);
+        nothing while a failed commit's backoff runs, unless ``force`` (a synchronous flush,
+        which also takes the async commits still unanswered).
+        """
         with self._lock:
+            if not force and time.monotonic() < self._retry_at:
+                return {}
             owned = self._owned()
             out = {p: o for p, o in self._requests.items() if p in owned}
             self._requests.clear()
+            if force:
+                for p, o in self._inflight.items():
+                    if p in owned and o > max(out.get(p, -1), self._committed.get(p, -1)):
+                        out[p] = o
+                self._inflight.clear()
         return out
 
     def committed(self, partition: int) -> int | None:
@@ -104,14 +124,25 @@ class CommitBook:
             except Exception as exc:
                 self.hooks.on_commit(commits, False, time.monotonic() - t0, type(exc).__name__)
                 self.hooks.on_error("commit", exc)
+                self._failed(commits)
                 raise
-            self.set_committed(commits)
+            self._succeeded(commits)
             self.hooks.on_commit(commits, True, time.monotonic() - t0, None)
             return
 
+        with self._lock:
+            for p, o in commits.items():
+                self._inflight[p] = max(o, self._inflight.get(p, -1))
+
         def done(offsets: dict[int, int], error: BaseException | None) -> None:
+            with self._lock:
+                for p, o in offsets.items():
+                    if self._inflight.get(p, o + 1) <= o:
+                        del self._inflight[p]
             if error is None:
-                self.set_committed(offsets)
+                self._succeeded(offsets)
+            else:
+                self._failed(offsets)
             err = None if error is None else type(error).__name__
             self.hooks.on_commit(offsets, error is None, time.monotonic() - t0, err)
             if error is not None:
@@ -119,6 +150,24 @@ class CommitBook:
                 self._warn_failed(offsets, err)
 
         client.commit(commits, callback=done)
+
+    def _succeeded(self, offsets: dict[int, int]) -> None:
+        self.set_committed(offsets)
+        with self._lock:
+            self._backoff = 0.0
+            self._retry_at = 0.0
+
+    def _failed(self, offsets: dict[int, int]) -> None:
+        """Ask for a failed commit again (after a backoff) unless a newer one is waiting.
+
+        A checkpoint's commit that met a coordinator moving to another broker was lost until
+        the next checkpoint; if the pass ended first, the next one started from the older
+        commit and trained everything since again. The commit now follows the coordinator.
+        """
+        self.request(offsets)
+        with self._lock:
+            self._backoff = min(_RETRY_MAX_S, max(_RETRY_FIRST_S, 2 * self._backoff))
+            self._retry_at = time.monotonic() + self._backoff
 
     def _warn_failed(self, commits: dict[int, int], err: str | None) -> None:
         """Log a failed commit: the first at once, then one line per 10 s with a count.

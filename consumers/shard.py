@@ -513,7 +513,7 @@ class Shard:
     # ---- commits -----------------------------------------------------------------------------
 
     def _flush_commits(self, *, sync: bool, timeout_ms: int | None = None) -> None:
-        commits = self._book.take()
+        commits = self._book.take(force=sync)
         client = self._client
         if commits and client is not None:
             self._book.send(client, commits, sync=sync, timeout_ms=timeout_ms)

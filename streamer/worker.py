@@ -325,8 +325,9 @@ class Worker(Lifecycle):
         iterator = iter(self.dataset)
         exhausted = False
         drain_until: float | None = None
+        first_step = self.step
         try:
-            while not self._stopping.is_set() or self._draining(drain_until):
+            while not self._stopping.is_set() or self._draining(drain_until, first_step):
                 if self._stopping.is_set() and drain_until is None:
                     drain_until = self._begin_drain()
                 if self.profiler is not None:
@@ -398,11 +399,13 @@ class Worker(Lifecycle):
         self.source.stop()  # again: a stop that came as the pass began was cleared by resume()
         return time.monotonic() + self._drain_seconds()
 
-    def _draining(self, drain_until: float | None) -> bool:
+    def _draining(self, drain_until: float | None, first_step: int) -> bool:
         """Go on after a stop request, within the drain time: not after the reject breaker
         tripped (stop at once), nor at --max-steps without a shuffle window (N steps, exactly;
-        a record read and not trained is read again, and one trained past it trained again)."""
-        if self.source.reject_limit is not None:
+        a record read and not trained is read again, and one trained past it trained again),
+        nor when this pass trained nothing yet (nothing can be past a record not trained; a
+        stop as a pass begins would otherwise open its shards only to close them)."""
+        if self.source.reject_limit is not None or self.step == first_step:
             return False
         reason = self._stop_reason or ""
         if reason.startswith("--max-steps") and not self.config.shuffle_buffer:
