@@ -661,9 +661,11 @@ class ProcessShard:
             self._closed = True
         self._queue.clear()
         self._send(Close())
-        self._child_closed.wait(timeout)
+        closed = self._child_closed.wait(timeout)
         if self._proc is not None:
-            self._proc.join(timeout)
+            # A child that closed its consumer exits at once; one still closing it after the
+            # timeout (a consumer stuck leaving a group mid-join) is not waited for again.
+            self._proc.join(timeout if closed else 1.0)
             if self._proc.is_alive():
                 log.warning(
                     "shard %d: child did not stop in %.0fs; terminating it",

@@ -483,11 +483,26 @@ class StreamSource:
         Restored (checkpoint) offsets apply to the first pass only: its final commit carries
         the position on, and later passes start from the group's commits.
         """
-        for shard in self.router.take_all():
+        shards = self.router.take_all()
+
+        def close(shard: ShardLike) -> None:
             try:
                 shard.close()
             except Exception as exc:
                 log.warning("closing a shard failed: %s", exc)
+
+        # At once, not one after another: a consumer that takes its whole close timeout (a
+        # group mid-rebalance after a broker fault) must not multiply the stop's duration.
+        closers = [
+            threading.Thread(target=close, args=(s,), name=f"streamer-close-{i}", daemon=True)
+            for i, s in enumerate(shards[1:], 1)
+        ]
+        for t in closers:
+            t.start()
+        if shards:
+            close(shards[0])
+        for t in closers:
+            t.join()
         release_free_memory()  # the pass's consumers and buffers are gone: give the heap back
 
     def next_batch(
