@@ -50,6 +50,7 @@ RATE = 300  # records/s, all partitions
 # metadata refresh, a reconnect) plus a checkpoint interval, with room for a loaded CI host.
 STALL_BOUND_S = 45.0
 IDLE_TIMEOUT_S = 20
+SOAK_IDLE_TIMEOUT_S = 60
 
 
 class _Producer(threading.Thread):
@@ -278,8 +279,10 @@ def test_leader_and_coordinator_killed_while_records_flow(
 def test_more_cluster_faults_while_records_flow(
     kafka_cluster: KafkaCluster, tmp_path: Path, client: str, faults: Faults
 ) -> None:
-    """Not in CI (``-m soak``): the rest of the weekly and monthly faults, measured once."""
-    _run_faults(kafka_cluster, tmp_path, client, IDLE_TIMEOUT_S, faults)
+    """Not in CI (``-m soak``): the rest of the weekly and monthly faults, measured once.
+    --idle-timeout outlasts every outage here (two nodes down stops the acks=all producer for
+    as long), so a pass ending for want of records is not counted as a rebalance."""
+    _run_faults(kafka_cluster, tmp_path, client, SOAK_IDLE_TIMEOUT_S, faults)
 
 
 def _run_faults(
@@ -355,6 +358,6 @@ def _run_faults(
     assert not missing, f"never trained: {summarize(sorted(missing))}\n{worker.tail()}"
     assert not extra, summarize(sorted(extra))
     assert dups == 0, f"{dups} records trained twice"
-    if idle_timeout == IDLE_TIMEOUT_S:  # else passes end (and close their consumers) by design
+    if idle_timeout >= IDLE_TIMEOUT_S:  # else passes end (and close their consumers) by design
         assert during == 0, f"{during:g} rebalance callbacks during the broker faults"
         assert wait < STALL_BOUND_S, f"record {which} waited {wait:.0f}s to be trained"
