@@ -24,6 +24,15 @@ third is aborted. Its manifest says which records reached the log in committed a
 transactions: every committed one must be trained, no aborted one may be. With
 ``--worker-every``/``--broker-every`` the worker is killed and the broker restarted on
 schedules of their own (each gap drawn within +-30 %) instead of alternating.
+
+``--brokers 3`` runs it on a 3-node cluster (``deploy/local/kafka-cluster.sh``, replication
+factor 3, ``min.insync.replicas=2``): each broker event kills or stops one node chosen at
+random and brings it back once down for a while (the cluster whole again before going on).
+``--kafka-client`` picks the worker's client; the summary adds the longest time a partition
+went without a newly trained record while the chaos ran::
+
+    python -m tests.reliability.soak --brokers 3 --minutes 30 --producer java \
+        --broker-every 120 --idle-timeout 60 --kafka-client confluent
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 
 from tests.interop.javaclients import JavaProducer, by_kind, read_manifest
 from tests.reliability.brokers import PrivateBroker
+from tests.reliability.cluster import KafkaCluster
 from tests.reliability.relutil import error_lines, start_worker
 from tests.workerutil import WorkerProcess, end_offsets, worker_args
 
@@ -133,13 +143,92 @@ class Producer(threading.Thread):
             raise self.error
 
 
+class ClusterNodes:
+    """A local N-node cluster (deploy/local/kafka-cluster.sh) behind the soak's broker calls:
+    each kill or stop takes one node chosen at random; ``start`` brings every node back and
+    waits until the cluster is whole (every ISR full)."""
+
+    def __init__(self, state: Path, nodes: int, rng: random.Random) -> None:
+        self.cluster = KafkaCluster(state, nodes=nodes)
+        self.rng = rng
+        self.down: int | None = None
+
+    @property
+    def plaintext(self) -> str:
+        return self.cluster.bootstrap
+
+    def start(self) -> str:
+        if not self.cluster.bootstrap:
+            return self.cluster.start()
+        self.cluster.heal()
+        self.down = None
+        return self.cluster.bootstrap
+
+    def _pick(self) -> int:
+        self.down = self.rng.randint(1, self.cluster.nodes)
+        return self.down
+
+    def kill(self) -> None:
+        self.cluster.kill_node(self._pick())
+
+    def stop(self) -> None:
+        self.cluster.stop_node(self._pick())
+
+    def running(self) -> bool:
+        return all(state == "running" for state in self.cluster.status().values())
+
+    def clean(self) -> None:
+        self.cluster.clean()
+
+
+class StallWatch(threading.Thread):
+    """Follows the audit logs: per partition, the longest time in which no new record was
+    trained while the chaos ran (the producer writes to every partition all along)."""
+
+    def __init__(self, soak: Soak) -> None:
+        super().__init__(name="stall-watch", daemon=True)
+        self.soak = soak
+        self.stop = threading.Event()
+        self.top: dict[int, int] = {}
+        self.since: dict[int, float] = {}
+        self.longest = 0.0
+        self.where = ""
+        self._read: dict[int, int] = {}
+
+    def run(self) -> None:
+        while not self.stop.wait(0.5):
+            now = time.monotonic()
+            for n in range(len(self.soak.workers)):
+                try:
+                    with open(self.soak.audit(n), "rb") as fh:
+                        fh.seek(self._read.get(n, 0))
+                        chunk = fh.read()
+                except FileNotFoundError:
+                    continue
+                end = chunk.rfind(b"\n") + 1
+                self._read[n] = self._read.get(n, 0) + end
+                for line in chunk[:end].decode("ascii").splitlines():
+                    _, part, off = line.rsplit(",", 2)
+                    if int(off) > self.top.get(int(part), -1):
+                        self.top[int(part)] = int(off)
+                        self.since[int(part)] = now
+            for p, t in self.since.items():
+                if now - t > self.longest:
+                    self.longest = now - t
+                    self.where = f"partition {p}, up to {time.strftime('%H:%M:%S')}"
+
+
 class Soak:
     def __init__(self, args: argparse.Namespace, work: Path) -> None:
         self.args = args
         self.work = work
         self.rng = random.Random(args.seed)
-        self.broker = PrivateBroker(work / "broker")
         (work / "broker").mkdir(parents=True)
+        self.broker: PrivateBroker | ClusterNodes = (
+            PrivateBroker(work / "broker")
+            if args.brokers == 1
+            else ClusterNodes(work / "broker", args.brokers, self.rng)
+        )
         self.topic = f"soak-{uuid.uuid4().hex[:8]}"
         self.group = f"g-{self.topic}"
         self.workers: list[WorkerProcess] = []
@@ -164,8 +253,12 @@ class Soak:
             shards=2,
             batch_size=16,
             stop_after_idle=None,
-            extra=["--idle-timeout", "3", "--commit-every-seconds", "1"],
-        )
+            extra=[
+                "--idle-timeout", str(self.args.idle_timeout),
+                "--commit-every-seconds", "1",
+                "--kafka-client", self.args.kafka_client,
+            ],
+        )  # fmt: skip
         self.workers.append(start_worker(args, self.work / f"worker-{n}.log"))
 
     def stop_worker(self, how: str) -> None:
@@ -225,12 +318,13 @@ class Soak:
     def restart_broker(self) -> None:
         how = self.rng.choice(["SIGKILL", "SIGTERM"])
         down = self.rng.uniform(self.args.min_down, self.args.max_down)
-        _say(f"broker {how}, started again after {down:.1f}s")
         t0 = time.monotonic()
         if how == "SIGKILL":
             self.broker.kill()
         else:
             self.broker.stop()
+        node = getattr(self.broker, "down", None)
+        _say(f"{'broker' if node is None else f'node {node}'} {how}, started after {down:.1f}s")
         time.sleep(down)
         self.broker.start()
         self.events[f"broker restarts ({how})"] += 1
@@ -312,9 +406,12 @@ class Soak:
             producer.start()
         self.start_worker()
         until = t_start + args.minutes * 60
+        stalls = StallWatch(self)
+        stalls.start()
         self.chaos(until)
         while time.monotonic() < until:
             time.sleep(0.5)
+        stalls.stop.set()
         _say("chaos over: stopping the producer and draining")
         if not self.broker.running():
             self.broker.start()
@@ -359,6 +456,9 @@ class Soak:
             "broker_restarts": sum(n for k, n in self.events.items() if k.startswith("broker")),
             "worker_kills": sum(n for k, n in self.events.items() if k.startswith("worker kills")),
             "drain_s": round(drain_s, 1),
+            "longest_stall_s": f"{stalls.longest:.1f} ({stalls.where})",
+            "kafka_client": args.kafka_client,
+            "brokers": args.brokers,
             "worker_error_lines": len(errors),
         }
         print("\nsoak summary")
@@ -416,6 +516,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--broker-every", type=float, default=0.0, help="restart the broker about every S seconds"
+    )
+    parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="1: a private broker; N>1: an N-node cluster (RF 3, min ISR 2) of which a random "
+        "node is killed or stopped at each broker event",
+    )
+    parser.add_argument(
+        "--kafka-client", choices=("kafka-python", "confluent"), default="kafka-python"
+    )
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=3.0,
+        help="the worker's --idle-timeout (a pass ends after this long without records)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the work folder (logs)")
     args = parser.parse_args(argv)
