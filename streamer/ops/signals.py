@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
 import signal
@@ -73,8 +74,12 @@ class StopOnSignal:
             if finished.wait(timeout):
                 return  # stopped cleanly in time: never kill a process that embeds run()
             log.error(
-                "clean shutdown did not finish within --shutdown-timeout %.0fs; exiting", timeout
+                "clean shutdown did not finish within --shutdown-timeout %.0fs; exiting (the "
+                "threads' stacks follow on stderr)",
+                timeout,
             )
+            # Where it was stuck, for the bug report: a stop that hangs is never expected.
+            faulthandler.dump_traceback(all_threads=True)
             os._exit(1)
 
         threading.Thread(target=watchdog, name="streamer-shutdown-watchdog", daemon=True).start()
