@@ -664,7 +664,7 @@ class ProcessShard:
         closed = self._child_closed.wait(timeout)
         if self._proc is not None:
             # A child that closed its consumer exits at once; one still closing it after the
-            # timeout (a consumer stuck leaving a group mid-join) is not waited for again.
+            # timeout is not waited for a second time.
             self._proc.join(timeout if closed else 1.0)
             if self._proc.is_alive():
                 log.warning(

@@ -14,6 +14,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import IO, TYPE_CHECKING
 
@@ -89,6 +90,19 @@ class Lifecycle:
         """How long a clean stop may train the records already read: at most 10 s, or half
         of --shutdown-timeout (the rest is for the checkpoint, the commits and closing)."""
         return min(10.0, self.config.shutdown_timeout / 2)
+
+    def _begin_drain(self) -> float:
+        """A clean stop trains the records already read first (with N workers, every worker
+        at the same round): the decode map hands blocks on as they finish, so a partition's
+        later block may be trained before an earlier one, and a shuffle window holds records
+        behind later ones; the commit cannot pass a record not trained, so without this a
+        restart would train everything after it again. The shards stop reading (again: a
+        stop that came as a pass began was cleared by its resume()); returns the deadline."""
+        seconds = self._drain_seconds()
+        log.info("stopping: training the records already read first (at most %.0fs)", seconds)
+        assert self.source is not None
+        self.source.stop()
+        return time.monotonic() + seconds
 
     # ---- the run ------------------------------------------------------------------------------
 

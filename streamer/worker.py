@@ -386,19 +386,6 @@ class Worker(Lifecycle):
             )
         return exhausted and not self._stopping.is_set()
 
-    def _begin_drain(self) -> float:
-        """A clean stop trains the records already read first: the decode map hands blocks on
-        as they finish, so a partition's later block may be trained before an earlier one,
-        and a shuffle window holds records behind later ones. The commit cannot pass a record
-        not trained, so without this a restart would train everything after it again (the
-        shards have stopped, so the pass ends once what they read is out)."""
-        log.info(
-            "stopping: training the records already read first (at most %.0fs)",
-            self._drain_seconds(),
-        )
-        self.source.stop()  # again: a stop that came as the pass began was cleared by resume()
-        return time.monotonic() + self._drain_seconds()
-
     def _draining(self, drain_until: float | None, first_step: int) -> bool:
         """Go on after a stop request, within the drain time: not after the reject breaker
         tripped (stop at once), nor at --max-steps without a shuffle window (N steps, exactly;

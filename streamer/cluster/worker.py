@@ -494,17 +494,6 @@ class DistributedWorker(Lifecycle):
             if decision.stop is not None:
                 return decision.stop
 
-    def _begin_drain(self) -> float:
-        """Every worker, at the same round: stop reading and train what was read (the decode
-        map hands blocks on as they finish, so a partition's later block may have been
-        trained before an earlier one, and the commit cannot pass a record not trained);
-        report done when the input ended, or at the deadline returned."""
-        seconds = self._drain_seconds()
-        log.info("stopping: training the records already read first (at most %.0fs)", seconds)
-        assert self.source is not None
-        self.source.stop()
-        return time.monotonic() + seconds
-
     def _after_step(self, batch: Batch, rows: int, applied: bool, seconds: float) -> None:
         """Ack this worker's real rows (their offsets came with the batch), count the round.
 

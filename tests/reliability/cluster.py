@@ -130,6 +130,25 @@ class KafkaCluster:
                 self.restart_node(node)
         self.wait_healthy()
 
+    def create_topic(self, prefix: str, partitions: int, min_isr: int = 2) -> str:
+        """A new topic ``<prefix>-<random>`` replicated on every node (RF = N)."""
+        import uuid
+
+        from kafka.admin import KafkaAdminClient
+
+        topic = f"{prefix}-{uuid.uuid4().hex[:10]}"
+        admin = KafkaAdminClient(bootstrap_servers=self.servers, client_id=prefix)
+        try:
+            spec = {
+                "num_partitions": partitions,
+                "replication_factor": self.nodes,
+                "configs": {"min.insync.replicas": str(min_isr)},
+            }
+            admin.create_topics({topic: spec}, wait_for_metadata=True)
+        finally:
+            admin.close()
+        return topic
+
     # ----------------------------------------------------------------------------------------
     # One node (1..N)
 

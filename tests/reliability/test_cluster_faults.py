@@ -197,23 +197,6 @@ def _rebalances(base: str) -> float:
     return sum(v for _, v in parse_metrics(body).get("streamer_rebalances_total", []))
 
 
-def _create_topic(cluster: KafkaCluster) -> str:
-    from kafka.admin import KafkaAdminClient
-
-    topic = f"faults-{uuid.uuid4().hex[:10]}"
-    admin = KafkaAdminClient(bootstrap_servers=cluster.servers, client_id="cluster-faults")
-    try:
-        spec = {
-            "num_partitions": PARTITIONS,
-            "replication_factor": 3,
-            "configs": {"min.insync.replicas": "2"},
-        }
-        admin.create_topics({topic: spec}, wait_for_metadata=True)
-    finally:
-        admin.close()
-    return topic
-
-
 def _most_leading(cluster: KafkaCluster, topic: str) -> int:
     leaders = Counter(cluster.leader_of(topic, p) for p in range(PARTITIONS))
     return leaders.most_common(1)[0][0]
@@ -321,7 +304,7 @@ def _run_faults(
 ) -> None:
     cluster.heal()
     bootstrap = cluster.bootstrap
-    topic = _create_topic(cluster)
+    topic = cluster.create_topic("faults", PARTITIONS)
     group = f"g-{uuid.uuid4().hex[:8]}"
     audit = tmp_path / "audit.csv"
     args = worker_args(

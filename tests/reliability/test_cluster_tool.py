@@ -5,7 +5,6 @@ goes on through the new leader, and the restarted node rejoins the ISR."""
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 
 import pytest
@@ -38,17 +37,7 @@ def test_leader_killed_producer_goes_on_node_rejoins_isr(kafka_cluster: KafkaClu
     assert len(cluster.servers) == 3
     assert cluster.controller() in (1, 2, 3)
 
-    topic = f"cluster-{uuid.uuid4().hex[:12]}"
-    admin = KafkaAdminClient(bootstrap_servers=cluster.servers, client_id="cluster-smoke")
-    try:
-        spec = {
-            "num_partitions": PARTITIONS,
-            "replication_factor": 3,
-            "configs": {"min.insync.replicas": "2"},
-        }
-        admin.create_topics({topic: spec}, wait_for_metadata=True)
-    finally:
-        admin.close()
+    topic = cluster.create_topic("cluster", PARTITIONS)
     assert cluster.isr_of(topic, 0) == [1, 2, 3]
 
     producer = KafkaProducer(
