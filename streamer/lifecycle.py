@@ -121,7 +121,7 @@ class Lifecycle:
             self._shutdown()
             self._finished.set()
             if self._signal_watch is not None:
-                self._signal_watch.close()
+                self._signal_watch.close(self._signal_stop.quiet_until())
 
     def _run(self) -> int:
         raise NotImplementedError

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 __all__ = ["GRACE_S", "SignalWatch", "StopOnSignal"]
 
@@ -55,6 +56,10 @@ class StopOnSignal:
         self.grace = grace
         self.clock = clock
         self.first_at: float | None = None
+
+    def quiet_until(self) -> float | None:
+        """The end of the first signal's grace window (``clock()`` time), None if none came."""
+        return None if self.first_at is None else self.first_at + self.grace
 
     def __call__(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -122,13 +127,40 @@ class SignalWatch:
             signal.signal(s, _ignore_here)
         signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
 
-    def close(self) -> None:
+    def close(self, quiet_until: float | None = None) -> None:
+        """Give the signals back. Until ``quiet_until`` (``time.monotonic()``), the tail of a
+        stop's grace window, a SIGTERM/SIGINT is still the same stop and is ignored: a
+        terminal's Ctrl-C reaches the process two or three times, and the last copy may land
+        after the run has finished (it killed the process with SIGINT, exit -2, seen in CI)."""
         signal.set_wakeup_fd(self._old_fd)
         for s, h in self._old_handlers.items():
-            signal.signal(s, h)
+            if quiet_until is not None and time.monotonic() < quiet_until:
+                signal.signal(s, _QuietThen(s, h, quiet_until))
+            else:
+                signal.signal(s, h)
         self._write.close()  # the reader sees end of file
         self._thread.join(1.0)
         self._read.close()
+
+
+_Handler = Callable[[int, FrameType | None], Any] | int | None
+
+
+class _QuietThen:
+    """A Python-level handler that ignores its signal until ``until``, then gives the signal
+    back to the handler it replaced and delivers it again."""
+
+    def __init__(self, signum: int, old: _Handler, until: float) -> None:
+        self.signum, self.old, self.until = signum, old, until
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if time.monotonic() < self.until:
+            return
+        still_mine = signal.getsignal(self.signum) is self
+        if still_mine:
+            old = signal.SIG_DFL if self.old is None else self.old  # None: set outside Python
+            signal.signal(self.signum, old)
+        signal.raise_signal(self.signum)
 
 
 def _ignore_here(_signum: int, _frame: FrameType | None) -> None:
