@@ -321,6 +321,12 @@ class Worker(Lifecycle):
         status = self.status
         assert status is not None
         source.resume()
+        if self._stopping.is_set():
+            # A stop that came as this pass began: resume() just cleared its source.stop().
+            # Without it the new pass's generators would open their shards and wait for
+            # records while the iterator is deleted (on a cluster after faults that outlasted
+            # --shutdown-timeout: a hang found by the cluster soak).
+            source.stop()
         source.begin_pass()
         iterator = iter(self.dataset)
         exhausted = False

@@ -291,6 +291,9 @@ class StreamSource:
             if self._opened_in_pass >= n:
                 self._begin_pass_locked()
             self._opened_in_pass += 1
+        if self._stop.is_set():
+            return  # a pass stopped before its shards opened: open none (a consumer that
+            # joins a group only to leave it costs the group two rebalances)
         rules = self.rules
         shard = self._factory(k, n, self.router)
         self.router.add(shard)

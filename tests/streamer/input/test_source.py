@@ -201,6 +201,37 @@ def test_iterator_deleted_mid_pass_closes_its_shards(
     assert not shard_threads()
 
 
+def test_a_pass_stopped_before_it_began_opens_no_shard(
+    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str
+) -> None:
+    """A stop that lands as a pass begins: the pass ends at once without opening a consumer
+    (one that joined only to leave would cost the group two rebalances, and on a cluster
+    after faults its joining outlasted the stop's timeout); the records wait for the next."""
+    topic = make_topic(2)
+    produce_known(kafka_bootstrap, topic, 2, 100)
+    cs = consumer_settings(kafka_bootstrap, topic, group_id, 2)
+    opened: list[int] = []
+    source = StreamSource(
+        SCHEMA, PipelineSettings(num_shards=2, batch_size=50, idle_timeout_seconds=3), consumer=cs
+    )
+    factory = source._factory
+
+    def counting(k: int, n: int, router: object) -> object:
+        opened.append(k)
+        return factory(k, n, router)  # type: ignore[arg-type]
+
+    source._factory = counting  # type: ignore[assignment]
+    source.stop()
+    started = time.monotonic()
+    assert len(run_pass(source)["offset"]) == 0
+    assert time.monotonic() - started < 10
+    assert opened == []
+    assert source.open_shards == 0
+    source.resume()
+    assert len(run_pass(source)["offset"]) == 200
+    assert sorted(opened) == [0, 1]
+
+
 def test_stop_condition_pass_records_ends_the_pass(
     kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str
 ) -> None:
