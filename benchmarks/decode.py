@@ -3,11 +3,16 @@
 Run from the repository root: ``python benchmarks/decode.py [--block 1000] [--seconds 3]``.
 ``--schema benchmarks/mixed.toml`` instead decodes random records of that schema against
 fixed-shape simulator records of the same mean size, alternating, ``--rounds`` times.
+``--candidates`` compares decoders on the simulator's 1 KiB records (issue 25): ours
+(validated: every reject reason), msgpack's ``unpackb`` per record plus building the columns
+(no validation: a ceiling), and msgspec's typed decoder (``msgspec.msgpack.Decoder`` of a
+``Struct``: types validated in C, shapes and finiteness not; needs ``pip install msgspec``).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -69,6 +74,74 @@ def compare_schema(path: str, block: int, seconds: float, rounds: int) -> None:
     print(f"median ratio {sorted(ratios)[len(ratios) // 2]:.2f}")
 
 
+def compare_candidates(block: int, seconds: float, rounds: int) -> dict[str, list[float]]:
+    """Decode-only records/s of each candidate on one block of simulator records, alternating
+    the order every round; every candidate's columns are checked against ours first."""
+    import msgspec
+
+    task = SimulatorTask()
+    schema = task.schema()
+    values = task.records(block, np.random.default_rng(0), 1024)
+    width = task.num_features
+
+    def ours() -> tuple[np.ndarray, np.ndarray]:
+        out = decode_block(schema, values)
+        return out.features["x"], out.features["y"]
+
+    def msgpack_unpackb() -> tuple[np.ndarray, np.ndarray]:
+        unpack = msgpack.unpackb
+        xs, ys = [], []
+        for v in values:
+            r = unpack(v)
+            xs.append(r["x"])
+            ys.append(r["y"])
+        return np.frombuffer(b"".join(xs), "<f4").reshape(-1, width), np.array(ys, np.float32)
+
+    class Sample(msgspec.Struct):
+        x: bytes
+        y: float
+
+    decoder = msgspec.msgpack.Decoder(Sample)
+
+    def msgspec_struct() -> tuple[np.ndarray, np.ndarray]:
+        decode = decoder.decode
+        xs, ys = [], []
+        for v in values:
+            r = decode(v)
+            xs.append(r.x)
+            ys.append(r.y)
+        return np.frombuffer(b"".join(xs), "<f4").reshape(-1, width), np.array(ys, np.float32)
+
+    candidates = {
+        "ours": ours,
+        "msgpack-unpackb": msgpack_unpackb,
+        "msgspec-struct": msgspec_struct,
+    }
+    ref_x, ref_y = ours()
+    for name, fn in candidates.items():
+        x, y = fn()
+        assert np.array_equal(x, ref_x) and np.array_equal(y, ref_y), name
+    rates: dict[str, list[float]] = {name: [] for name in candidates}
+    names = list(candidates)
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            fn = candidates[name]
+            count = 0
+            start = time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < seconds:
+                fn()
+                count += 1
+            rates[name].append(count * block / elapsed)
+    size = sum(map(len, values)) / len(values)
+    print(f"{block} records of {size:,.0f} B per block, {rounds} rounds of {seconds:g}s each")
+    print(f"{'decoder':<18} {'median rec/s':>14} {'min':>12} {'max':>12} {'x ours':>8}")
+    base = statistics.median(rates["ours"])
+    for name, got in rates.items():
+        med = statistics.median(got)
+        print(f"{name:<18} {med:>14,.0f} {min(got):>12,.0f} {max(got):>12,.0f} {med / base:>8.2f}")
+    return rates
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--block", type=int, default=1000, help="records per block")
@@ -76,7 +149,13 @@ def main() -> None:
     parser.add_argument("--encodings", default="bin,numpy,list", help="comma-separated")
     parser.add_argument("--schema", default=None, help="compare this schema with fixed shapes")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the comparison")
+    parser.add_argument(
+        "--candidates", action="store_true", help="compare candidate decoders (needs msgspec)"
+    )
     args = parser.parse_args()
+    if args.candidates:
+        compare_candidates(args.block, args.seconds, args.rounds)
+        return
     if args.schema is not None:
         compare_schema(args.schema, args.block, args.seconds, args.rounds)
         return

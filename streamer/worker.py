@@ -33,7 +33,7 @@ from streamer.train.checkpoint import Checkpointer
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import Exporter, serving_inputs
 from streamer.train.model import load_model
-from streamer.train.trainer import Trainer, choose_strategy
+from streamer.train.trainer import StepHandle, Trainer, choose_strategy
 
 # How often the worker hands freed heap back to the OS (gctune.release_free_memory).
 TRIM_EVERY_S = 60.0
@@ -41,6 +41,16 @@ TRIM_EVERY_S = 60.0
 __all__ = ["Worker"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(slots=True)
+class _InFlight:
+    """A step dispatched and not yet settled: its records' metadata and its timings."""
+
+    handle: StepHandle
+    meta: dict[str, Any]
+    input_wait: float  # seconds the loop waited for its batch
+    dispatch_seconds: float  # seconds the dispatch took (on a CPU: the whole step)
 
 
 class Worker(Lifecycle):
@@ -315,11 +325,13 @@ class Worker(Lifecycle):
         )
 
     def _run_pass(self) -> bool:
-        """One pass; True if the input ran out (rather than a stop request ending it)."""
-        cfg = self.config
+        """One pass; True if the input ran out (rather than a stop request ending it).
+
+        One step is in flight while the next batch is read: a step is dispatched, the loop
+        reads the next batch while the device computes, then settles the step (its result,
+        ack, metrics, checkpoint) before it dispatches the next; so the loop never waits on
+        the device just to read a loss, and a checkpoint holds exactly the steps acked."""
         source = self.source
-        status = self.status
-        assert status is not None
         source.resume()
         if self._stopping.is_set():
             # A stop that came as this pass began: resume() just cleared its source.stop().
@@ -332,55 +344,39 @@ class Worker(Lifecycle):
         exhausted = False
         drain_until: float | None = None
         first_step = self.step
+        in_flight: _InFlight | None = None
         try:
-            while not self._stopping.is_set() or self._draining(drain_until, first_step):
+            while not self._stopping.is_set() or self._draining(
+                drain_until, trained=self.step > first_step or in_flight is not None
+            ):
                 if self._stopping.is_set() and drain_until is None:
                     drain_until = self._begin_drain()
                 if self.profiler is not None:
                     self.profiler.before_step(self.step)
                 t0 = time.perf_counter()
                 self.health.waiting("trainer", "waiting for input")
-                batch = source.next_batch(iterator)
+                batch = source.next_batch(iterator)  # the device runs the step in flight
                 if batch is None:
                     exhausted = True
                     break
                 t1 = time.perf_counter()
                 meta = {k: batch.pop(k).numpy() for k in METADATA_COLUMNS}
-                result = self.trainer.step(batch)
-                t2 = time.perf_counter()
-                n = len(meta["offset"])
-                if not result.applied:
-                    self._last_data = time.monotonic()
-                    try:
-                        self.skipped_step(meta["partition"], meta["offset"])
-                    except ModelDivergedError as exc:
-                        self._diverged = exc  # no checkpoint of a diverged model at the end
-                        raise
-                    continue
-                self.loss = result.loss
-                self.applied_step(self.tracker.ack)  # a run of skipped steps ended
-                if self.audit is not None:
-                    self.audit.add(meta["partition"], meta["offset"])
-                self.tracker.ack(meta["partition"], meta["offset"])
-                assert self.metrics is not None
-                self.metrics.observe_step(n, t2 - t1, t1 - t0, self.loss)
-                if self.first_wait_seconds is None:
-                    self.first_wait_seconds = (
-                        t1 - t0
-                    )  # includes joining the group: benchmarks skip it
-                self.metrics.observe_trained(
-                    meta["partition"], meta["offset"], meta["timestamp"], time.time()
-                )
-                self.health.beat("trainer")
-                self.step += 1
-                self._last_data = time.monotonic()
-                self.committer.after_step(self.step)
-                status.waited(t1 - t0)
-                status.maybe(self.step, self.loss)
-                self._after_step(n, t1 - t0)
-                if cfg.max_steps is not None and self.step >= cfg.max_steps:
-                    self.request_stop(f"--max-steps {cfg.max_steps}")
+                if in_flight is not None:
+                    done, in_flight = in_flight, None
+                    self._settle(done)
+                    if self._stopping.is_set() and not self._draining(drain_until, trained=True):
+                        break  # --max-steps reached: this batch is not trained (read again)
+                handle = self.trainer.dispatch(batch)
+                in_flight = _InFlight(handle, meta, t1 - t0, time.perf_counter() - t1)
+            if in_flight is not None:  # the pass's last step, before its checkpoint and commit
+                done, in_flight = in_flight, None
+                self._settle(done)
         finally:
+            if in_flight is not None:  # an error ended the pass: the step ran, ack it
+                try:
+                    self._settle(in_flight)
+                except Exception as exc:  # the error that ended the pass is the one raised
+                    log.warning("the last step of a failed pass: %s", exc)
             del iterator
             gc.collect()
             self._end_pass()
@@ -392,13 +388,55 @@ class Worker(Lifecycle):
             )
         return exhausted and not self._stopping.is_set()
 
-    def _draining(self, drain_until: float | None, first_step: int) -> bool:
+    def _settle(self, step: _InFlight) -> None:
+        """A dispatched step's result (waiting for the device if it is still busy) and what
+        follows it: the ack of its records, metrics, checkpoint and commit schedule, status,
+        export and evaluation. A checkpoint here holds exactly the steps acknowledged: the next
+        step is dispatched only after this returns."""
+        t = time.perf_counter()
+        result = step.handle.result()
+        step_seconds = step.dispatch_seconds + (time.perf_counter() - t)
+        meta, wait = step.meta, step.input_wait
+        n = len(meta["offset"])
+        if not result.applied:
+            self._last_data = time.monotonic()
+            try:
+                self.skipped_step(meta["partition"], meta["offset"])
+            except ModelDivergedError as exc:
+                self._diverged = exc  # no checkpoint of a diverged model at the end
+                raise
+            return
+        self.loss = result.loss
+        self.applied_step(self.tracker.ack)  # a run of skipped steps ended
+        if self.audit is not None:
+            self.audit.add(meta["partition"], meta["offset"])
+        self.tracker.ack(meta["partition"], meta["offset"])
+        assert self.metrics is not None
+        self.metrics.observe_step(n, step_seconds, wait, self.loss)
+        if self.first_wait_seconds is None:
+            self.first_wait_seconds = wait  # includes joining the group: benchmarks skip it
+        self.metrics.observe_trained(
+            meta["partition"], meta["offset"], meta["timestamp"], time.time()
+        )
+        self.health.beat("trainer")
+        self.step += 1
+        self._last_data = time.monotonic()
+        self.committer.after_step(self.step)
+        assert self.status is not None
+        self.status.waited(wait)
+        self.status.maybe(self.step, self.loss)
+        self._after_step(n, wait)
+        cfg = self.config
+        if cfg.max_steps is not None and self.step >= cfg.max_steps:
+            self.request_stop(f"--max-steps {cfg.max_steps}")
+
+    def _draining(self, drain_until: float | None, *, trained: bool) -> bool:
         """Go on after a stop request, within the drain time: not after the reject breaker
         tripped (stop at once), nor at --max-steps without a shuffle window (N steps, exactly;
         a record read and not trained is read again, and one trained past it trained again),
         nor when this pass trained nothing yet (nothing can be past a record not trained; a
         stop as a pass begins would otherwise open its shards only to close them)."""
-        if self.source.reject_limit is not None or self.step == first_step:
+        if self.source.reject_limit is not None or not trained:
             return False
         reason = self._stop_reason or ""
         if reason.startswith("--max-steps") and not self.config.shuffle_buffer:

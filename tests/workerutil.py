@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -349,3 +350,28 @@ def metric_types(body: str) -> dict[str, str]:
     from prometheus_client.parser import text_string_to_metric_families
 
     return {family.name: family.type for family in text_string_to_metric_families(body)}
+
+
+def run_in_process(**options: Any) -> tuple[int, Any, str]:
+    """Run the worker on the embedded simulator in this process; (exit code, worker, log)."""
+    import io
+    import logging
+
+    from streamer.cli.config import load_config
+    from streamer.worker import Worker
+
+    records = io.StringIO()
+    handler = logging.StreamHandler(records)
+    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+    logger = logging.getLogger("streamer")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        cfg = load_config({"metrics_port": 0, "shards": 1, "batch_size": 128, **options}, env={})
+        worker = Worker(cfg, status_out=io.StringIO())
+        code = worker.run()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+    return code, worker, records.getvalue()

@@ -281,7 +281,9 @@ class Metrics:
             STEP_BUCKETS_SECONDS,
         )
         self.train_step = histogram(
-            "train_step_seconds", "Duration of one train step.", STEP_BUCKETS_SECONDS
+            "train_step_seconds",
+            "Duration of one train step (starting it, plus waiting for its result).",
+            STEP_BUCKETS_SECONDS,
         )
 
         # Pipeline.

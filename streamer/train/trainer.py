@@ -37,6 +37,7 @@ from consumers.errors import ModelDivergedError
 from streamer.train.model import ModelBundle
 
 __all__ = [
+    "StepHandle",
     "StepResult",
     "Trainer",
     "check_finite_weights",
@@ -64,6 +65,19 @@ class StepResult(NamedTuple):
 
     loss: float
     applied: bool
+
+
+class StepHandle:
+    """A step started by ``Trainer.dispatch``: its loss and verdict, still on the device."""
+
+    __slots__ = ("_loss", "_ok")
+
+    def __init__(self, loss: Any, ok: Any) -> None:
+        self._loss, self._ok = loss, ok
+
+    def result(self) -> StepResult:
+        """Wait for the step and read its result (one small copy to the host)."""
+        return StepResult(float(self._loss), bool(self._ok))
 
 
 def nonfinite_variables(variables: Any) -> list[str]:
@@ -357,11 +371,20 @@ class Trainer:
         return x, y, sw
 
     def step(self, batch: Mapping[str, Any]) -> StepResult:
+        """One step, waiting for its result."""
+        return self.dispatch(batch).result()
+
+    def dispatch(self, batch: Mapping[str, Any]) -> StepHandle:
+        """Start one step and return without waiting for the device: on a GPU the call
+        returns once the step's kernels are queued, and ``StepHandle.result()`` waits for
+        them (reading the loss and the verdict copies them to the host). The training loop
+        fetches the next batch between the two, so the device computes while the host reads
+        its input; on a CPU the step has run when this returns."""
         data = self.data(batch)
         with self.strategy.scope():
             _trace_once(self._step, data)
             loss, ok = self._step(*data)
-        return StepResult(float(loss), bool(ok))
+        return StepHandle(loss, ok)
 
     def evaluate(self, batch: Mapping[str, Any]) -> None:
         """One batch of an evaluation: updates the model's loss tracker and metrics."""

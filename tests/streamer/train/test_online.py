@@ -8,7 +8,6 @@ log); the TensorBoard and profiler tests run the worker in-process on the embedd
 from __future__ import annotations
 
 import glob
-import io
 import itertools
 import math
 import os
@@ -17,7 +16,6 @@ import statistics
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -29,7 +27,6 @@ from streamer.train.evaluate import Evaluator
 from streamer.train.export import INFO_FILE, Exporter, read_info
 from streamer.train.model import load_model
 from streamer.train.trainer import Trainer
-from streamer.worker import Worker
 from tests.workerutil import (
     RateProducer,
     WorkerProcess,
@@ -37,6 +34,7 @@ from tests.workerutil import (
     end_offsets,
     free_port,
     http_get,
+    run_in_process,
     worker_args,
 )
 
@@ -141,27 +139,6 @@ def read_scalars(logdir: Path) -> dict[str, list[tuple[int, float]]]:
                 scalar = float(tf.make_ndarray(value.tensor))
                 out.setdefault(value.tag, []).append((int(event.step), scalar))
     return out
-
-
-def run_in_process(**options: Any) -> tuple[int, Worker, str]:
-    """Run the worker on the embedded simulator in this process; (exit code, worker, log)."""
-    import logging
-
-    records = io.StringIO()
-    handler = logging.StreamHandler(records)
-    handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-    logger = logging.getLogger("streamer")
-    old_level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        cfg = load_config({"metrics_port": 0, "shards": 1, "batch_size": 128, **options}, env={})
-        worker = Worker(cfg, status_out=io.StringIO())
-        code = worker.run()
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(old_level)
-    return code, worker, records.getvalue()
 
 
 # ---- 1. the exporter alone --------------------------------------------------------------------
