@@ -43,6 +43,11 @@ __all__ = ["Worker"]
 log = logging.getLogger(__name__)
 
 
+#: A step stays in flight while the next batch is read only if its own batch came within this
+#: many seconds (the input keeps up with the device): see ``Worker._keep_in_flight``.
+OVERLAP_MAX_WAIT_S = 0.05
+
+
 @dataclasses.dataclass(slots=True)
 class _InFlight:
     """A step dispatched and not yet settled: its records' metadata and its timings."""
@@ -69,6 +74,9 @@ class Worker(Lifecycle):
     def __init__(self, config: WorkerConfig, *, status_out: IO[str] | None = None) -> None:
         super().__init__(config, status_out=status_out)
         self.first_wait_seconds: float | None = None
+        #: One step in flight while the next batch is read (``_keep_in_flight``): set in
+        #: ``_build`` where the step runs on an accelerator.
+        self.overlap_steps = False
         self._last_data = time.monotonic()
         self.exporter: Exporter | None = None
         self.summaries: TrainingSummaries | None = None
@@ -128,6 +136,7 @@ class Worker(Lifecycle):
         with strategy.scope():
             self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
         self.trainer = Trainer(self.bundle, strategy, jit_compile=cfg.jit_compile)
+        self.overlap_steps = bool(tf.config.list_logical_devices("GPU"))
         restore: dict[int, int] = {}
         # A replay reads only --restore-from and writes only its own --checkpoint-dir.
         restore_dir = cfg.replay.restore_from if cfg.replay is not None else cfg.checkpoint_dir
@@ -327,10 +336,12 @@ class Worker(Lifecycle):
     def _run_pass(self) -> bool:
         """One pass; True if the input ran out (rather than a stop request ending it).
 
-        One step is in flight while the next batch is read: a step is dispatched, the loop
-        reads the next batch while the device computes, then settles the step (its result,
-        ack, metrics, checkpoint) before it dispatches the next; so the loop never waits on
-        the device just to read a loss, and a checkpoint holds exactly the steps acked."""
+        On an accelerator, while the input keeps up, one step is in flight while the next
+        batch is read: a step is dispatched, the loop reads the next batch while the device
+        computes, then settles the step (its result, ack, metrics, checkpoint) before it
+        dispatches the next (``_keep_in_flight``); so the loop does not wait on the device
+        just to read a loss, and a checkpoint holds exactly the steps acked. Otherwise each
+        step is settled as soon as it is dispatched."""
         source = self.source
         source.resume()
         if self._stopping.is_set():
@@ -367,7 +378,11 @@ class Worker(Lifecycle):
                     if self._stopping.is_set() and not self._draining(drain_until, trained=True):
                         break  # --max-steps reached: this batch is not trained (read again)
                 handle = self.trainer.dispatch(batch)
-                in_flight = _InFlight(handle, meta, t1 - t0, time.perf_counter() - t1)
+                started = _InFlight(handle, meta, t1 - t0, time.perf_counter() - t1)
+                if self._keep_in_flight(started):
+                    in_flight = started
+                else:
+                    self._settle(started)
             if in_flight is not None:  # the pass's last step, before its checkpoint and commit
                 done, in_flight = in_flight, None
                 self._settle(done)
@@ -387,6 +402,17 @@ class Worker(Lifecycle):
                 self._drain_seconds(),
             )
         return exhausted and not self._stopping.is_set()
+
+    def _keep_in_flight(self, step: _InFlight) -> bool:
+        """Leave ``step`` unsettled while the next batch is read: only where the device runs
+        the step asynchronously (an accelerator: on a CPU the step has finished when its call
+        returns, so there is nothing to overlap), and only while the input keeps up (its batch
+        came within ``OVERLAP_MAX_WAIT_S``: when the loop waits for input, settling at once
+        keeps the ack, commit and freshness of a slow stream as prompt as before), and never
+        for the step that reaches --max-steps (it ends the run without waiting for a batch)."""
+        if not self.overlap_steps or step.input_wait > OVERLAP_MAX_WAIT_S:
+            return False
+        return self.config.max_steps is None or self.step + 1 < self.config.max_steps
 
     def _settle(self, step: _InFlight) -> None:
         """A dispatched step's result (waiting for the device if it is still busy) and what

@@ -566,7 +566,7 @@ class ConfluentClient:
             self.consumer.incremental_unassign([self._tp(p) for p in partitions])
             self.consumer.incremental_assign(tps)
             return
-        others = sorted(self._assigned - set(partitions))
+        others = sorted((self._assigned & held) - set(partitions))
         kept = self.consumer.position([self._tp(p) for p in others]) if others else []
         self.consumer.assign(
             [
