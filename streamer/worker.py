@@ -500,6 +500,8 @@ class Worker(Lifecycle):
             return
         assert self.metrics is not None
         self.metrics.observe_train_metrics(values)
+        if self.status is not None:
+            self.status.show_metrics(values)
         if self.summaries is not None:
             self.summaries.train_metrics(self.step, values)
 

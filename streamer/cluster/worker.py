@@ -516,7 +516,10 @@ class DistributedWorker(Lifecycle):
             metrics.observe_step(batch.real, seconds, batch.waited, loss)
             if self.step % _TRAIN_METRICS_EVERY_STEPS == 0:
                 # Reading Keras' metrics all-reduces them: every worker at the same step.
-                metrics.observe_train_metrics(self.steps.metric_values())
+                values = self.steps.metric_values()
+                metrics.observe_train_metrics(values)
+                if self.status is not None:
+                    self.status.show_metrics(values)
         metrics.observe_round(batch.padded, idle=not rows)
         self.health.beat("trainer")
         self._formed = True

@@ -62,10 +62,17 @@ class StatusLine:
         self._idle_at_last_step = 0.0
         self._frame = ""
         self._shown = False  # the first step is always shown: where the loss starts
+        self._metrics: dict[str, float] = {}
         if self.tty:
             global _active
             with _active_lock:
                 _active = self
+
+    def show_metrics(self, values: dict[str, float]) -> None:
+        """The model's compiled metrics over the last window (``loss`` aside: the line shows
+        the step's own): shown on every frame after the loss, as the progress bar of
+        ``model.fit`` shows them."""
+        self._metrics = {k: v for k, v in values.items() if k != "loss"}
 
     def waited(self, seconds: float) -> None:
         """The trainer waited ``seconds`` for input: a wait of a second or more is idle."""
@@ -109,10 +116,12 @@ class StatusLine:
         elif lag is None:
             lag = int(snap["consumer_lag_records"])
         commits = int(snap["offset_commits_success"])
+        metrics = self._metrics
         if self.tty:
+            shown = "".join(f" | {name} {value:.4f}" for name, value in metrics.items())
             self._frame = (
-                f"step {step:>9,} | {rate:>9,.0f} samples/s | lag {lag:>10,} | loss {loss:.4f} "
-                f"| trained {int(samples):,} | commits {commits:,}"
+                f"step {step:>9,} | {rate:>9,.0f} samples/s | lag {lag:>10,} | loss {loss:.4f}"
+                f"{shown} | trained {int(samples):,} | commits {commits:,}"
             )
             with _active_lock:
                 self.out.write(_CLEAR + self._frame)
@@ -120,7 +129,7 @@ class StatusLine:
         else:
             log.info(
                 "progress step=%d samples_per_second=%.0f lag=%d loss=%.5f samples_trained=%d "
-                "decode_errors=%d commits=%d%s",
+                "decode_errors=%d commits=%d%s%s",
                 step,
                 rate,
                 lag,
@@ -128,6 +137,7 @@ class StatusLine:
                 samples,
                 snap["decode_errors"],
                 commits,
+                "".join(f" {name}={value:.5f}" for name, value in metrics.items()),
                 " (final: samples/s over the run's training time)" if final else "",
             )
 

@@ -109,3 +109,25 @@ def test_the_final_rate_leaves_start_up_and_shutdown_out_and_shows_the_lag_it_is
     final = progress(caplog)[-1]
     assert final["samples_per_second"] == "1280"  # 2,560 in 2 s, not 2,816 in 72 s
     assert final["lag"] == "59080"
+
+
+def test_the_compiled_metrics_follow_the_loss_on_every_frame(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As ``model.fit``'s progress bar shows them: the model's compiled metrics of the last
+    window, on the log lines and on a terminal's line (the window's ``loss`` left out: the
+    line shows the step's own)."""
+    caplog.set_level(logging.INFO, logger="streamer.worker")
+    line = StatusLine(io.StringIO(), 10.0, Snapshot(), clock=Clock())  # type: ignore[arg-type]
+    line.maybe(1, 0.5)
+    line.show_metrics({"loss": 0.45, "mae": 0.125})
+    line.maybe(2, 0.4, force=True)
+    frames = progress(caplog)
+    assert "mae" not in frames[0]
+    assert frames[1]["mae"] == "0.12500" and frames[1]["loss"] == "0.40000", frames
+    out: Any = io.StringIO()
+    out.isatty = lambda: True
+    tty = StatusLine(out, 10.0, Snapshot(), clock=Clock())  # type: ignore[arg-type]
+    tty.show_metrics({"mae": 0.25})
+    tty.maybe(1, 0.5)
+    assert "| loss 0.5000 | mae 0.2500 | trained" in out.getvalue(), out.getvalue()

@@ -222,7 +222,7 @@ def test_a_diverging_model_stops_with_exit_3_and_keeps_the_last_good_checkpoint(
     data = _data(2)
     topic = make_topic(1)
     _produce(kafka_bootstrap, topic, _records(schema, data))
-    ckpt = tmp_path / "ckpt"
+    ckpt, export = tmp_path / "ckpt", tmp_path / "export"
     args = worker_args(
         kafka_bootstrap,
         topic,
@@ -240,6 +240,10 @@ def test_a_diverging_model_stops_with_exit_3_and_keeps_the_last_good_checkpoint(
             "tests.streamer.train.keras_models:build_diverging",
             "--max-nonfinite-steps",
             "3",
+            "--export-dir",
+            str(export),
+            "--export-every-steps",
+            "1",
         ],
     )
     worker = _run(args, tmp_path / "w.log")
@@ -259,3 +263,9 @@ def test_a_diverging_model_stops_with_exit_3_and_keeps_the_last_good_checkpoint(
     committed = committed_offsets(kafka_bootstrap, group_id, topic).get(0) or 0
     assert committed <= 16 * int(step.step.numpy())
     assert committed < ROWS
+    # No export of the diverged model either: every version served holds finite weights.
+    versions = sorted(p for p in export.iterdir() if p.name.isdigit())
+    assert versions, log[-3000:]
+    for version in versions:
+        loaded = tf.saved_model.load(str(version))
+        assert not nonfinite_variables(loaded.variables), version
