@@ -65,3 +65,16 @@ def test_sample_weight_names_the_feature_keras_weights_by(tmp_path: Path) -> Non
     # A name that is not a scalar feature of the schema is a setting error, named.
     with pytest.raises(ConfigError, match="sample_weight='x': a numeric scalar feature"):
         load_config({"schema": str(schema), "sample_weight": "x"}, env={})
+
+
+@pytest.mark.timeout(180)
+def test_the_readme_example_model_trains_and_its_loss_falls() -> None:
+    """``examples/keras_model.py`` (README "Your model"): compiled the ordinary Keras way, a
+    string loss and metric and an L2 regularizer, trained on the simulator."""
+    code, worker, log = run_in_process(
+        model="examples.keras_model:build", max_steps=300, status_interval=0.05, seed=7
+    )
+    assert code == 0, log
+    losses = [float(v) for v in re.findall(r"progress step=\d+ .*? loss=(\S+)", log)]
+    assert len(losses) >= 2 and losses[-1] < 0.5 * losses[0], losses
+    assert worker.bundle.model.losses, "the L2 regularizer's loss is part of the model"
