@@ -416,8 +416,12 @@ class Schema:
         try:
             return cls.from_toml_text(text) if suffix == ".toml" else cls.from_json_text(text)
         except ConfigError as exc:
-            exc.add_note(f"in schema file {p}")
-            raise
+            if exc.setting == "schema":  # the document does not parse: name the file, not its text
+                raise ConfigError("schema file", str(p), exc.allowed) from exc
+            # The CLI prints the message only: it names the file too.
+            named = ConfigError(exc.setting, exc.value, f"{exc.allowed} (in schema file {p})")
+            named.add_note(f"in schema file {p}")
+            raise named from exc
 
 
 def _no_unknown_keys(prefix: str, table: Mapping[str, Any], allowed: tuple[str, ...]) -> None:

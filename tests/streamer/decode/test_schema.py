@@ -337,6 +337,17 @@ def test_error_in_file_names_setting_and_file(tmp_path: Path) -> None:
     assert info.value.setting == "features.x.dtype"
     assert info.value.value == "float128"
     assert any(str(path) in note for note in info.value.__notes__)
+    assert str(path) in str(info.value)  # the CLI prints the message alone
+
+
+def test_a_syntax_error_names_the_file_not_its_text(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text('label = "y"\nsecret_looking_line = \n')
+    with pytest.raises(ConfigError) as info:
+        Schema.from_file(path)
+    assert info.value.setting == "schema file" and info.value.value == str(path)
+    assert "a valid TOML document" in str(info.value)
+    assert "secret_looking_line" not in str(info.value)
 
 
 def test_config_error_is_a_value_error() -> None:
