@@ -34,6 +34,11 @@ CONNECTION_OPTIONS = (
     "ssl_certfile",
     "ssl_keyfile",
 )
+#: The tools that talk to Kafka need a broker: their --bootstrap has no simulator fallback.
+_CONNECTION_HELPS = {
+    "bootstrap": "Kafka bootstrap servers host:port[,host:port]; required "
+    "[env STREAMER_BOOTSTRAP; TOML bootstrap]",
+}
 
 #: Kafka's compression codecs, all readable by the worker (DESIGN section 3).
 CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
@@ -272,7 +277,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="produce simulator samples into a topic (creates it if missing)",
         description="Produce samples of the simulator's learnable task into a Kafka topic.",
     )
-    add_run_arguments(sim, only=CONNECTION_OPTIONS)
+    add_run_arguments(sim, _CONNECTION_HELPS, only=CONNECTION_OPTIONS)
     sim.add_argument("--topic", required=True, help="topic to produce to (created if missing)")
     sim.add_argument(
         "--records",
@@ -329,7 +334,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="a consumer group's committed offset, end offset and lag per partition",
         description="Show a group's committed offset, end offset and lag per partition, from outside the worker.",
     )
-    add_run_arguments(lag, only=CONNECTION_OPTIONS)
+    add_run_arguments(lag, _CONNECTION_HELPS, only=CONNECTION_OPTIONS)
     lag.add_argument("--group", required=True, help="consumer group id")
     lag.add_argument(
         "--topic", default=None, help="only this topic [default: every topic the group committed]"
@@ -376,7 +381,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
             "from its checkpoint, not from the group's offsets: move it with --start-from."
         ),
     )
-    add_run_arguments(reset, only=CONNECTION_OPTIONS)
+    add_run_arguments(reset, _CONNECTION_HELPS, only=CONNECTION_OPTIONS)
     reset.add_argument("--group", required=True, help="consumer group id")
     reset.add_argument("--topic", required=True, help="the topic whose offsets move")
     reset.add_argument(
