@@ -305,12 +305,14 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     sim.add_argument(
         "--compression",
         default="none",
+        type=str.lower,  # any case, as the run options take them
         choices=CODECS,
         help="compress the produced batches with this codec [default: none]",
     )
     sim.add_argument(
         "--task",
         default="regression",
+        type=str.lower,  # any case, as the run options take them
         choices=("regression", "recommender"),
         help="regression: a 16-float vector and its label, which the built-in model learns; "
         "recommender: a user id string, 0-50 item ids and a 16-float vector with a learnable "
@@ -342,6 +344,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     lag.add_argument(
         "--isolation-level",
         default="read_committed",
+        type=str.lower,  # any case, as the run options take them
         choices=("read_committed", "read_uncommitted"),
         help="END is what a consumer of this isolation level can read: the last stable offset "
         "(read_committed, the worker's default) or the log end (read_uncommitted, what "
@@ -453,6 +456,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     bench.add_argument(
         "--soak-client",
         default="kafka-python",
+        type=str.lower,  # any case, as the run options take them
         choices=("kafka-python", "confluent"),
         help="Kafka client of the memory soak (thread shards) [default: kafka-python]",
     )
@@ -473,6 +477,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
     bench.add_argument(
         "--task",
         default=None,
+        type=str.lower,  # any case, as the run options take them
         choices=("regression", "recommender"),
         help="like --schema, with the records of a simulator task",
     )

@@ -237,3 +237,17 @@ def test_an_error_of_ours_still_comes_out_whole(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(consumers.admin, "group_lag", bug)
     with pytest.raises(ZeroDivisionError):
         main(["lag", "--bootstrap", "127.0.0.1:9", "--group", "trainer"])
+
+
+def test_the_other_commands_take_their_enumerations_in_any_case() -> None:
+    from streamer.cli.commands import _parsers
+
+    parser, _ = _parsers()
+    args = parser.parse_args(["lag", "--group", "g", "--isolation-level", "READ_UNCOMMITTED"])
+    assert args.isolation_level == "read_uncommitted"
+    args = parser.parse_args(
+        ["simulate", "--topic", "t", "--task", "Recommender", "--compression", "ZSTD"]
+    )
+    assert (args.task, args.compression) == ("recommender", "zstd")
+    args = parser.parse_args(["bench", "--bootstrap", "b", "--soak-client", "Confluent"])
+    assert args.soak_client == "confluent"
