@@ -346,9 +346,7 @@ class Worker(Lifecycle):
         source.resume()
         if self._stopping.is_set():
             # A stop that came as this pass began: resume() just cleared its source.stop().
-            # Without it the new pass's generators would open their shards and wait for
-            # records while the iterator is deleted (on a cluster after faults that outlasted
-            # --shutdown-timeout: a hang found by the cluster soak).
+            # Stopped again, a generator that starts anyway opens no shard (``_generate``).
             source.stop()
         source.begin_pass()
         iterator = iter(self.dataset)
@@ -366,7 +364,7 @@ class Worker(Lifecycle):
                     self.profiler.before_step(self.step)
                 t0 = time.perf_counter()
                 self.health.waiting("trainer", "waiting for input")
-                batch = source.next_batch(iterator)  # the device runs the step in flight
+                batch = source.next_batch(iterator)  # a step in flight runs meanwhile
                 if batch is None:
                     exhausted = True
                     break
