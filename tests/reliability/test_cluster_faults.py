@@ -50,6 +50,7 @@ RATE = 300  # records/s, all partitions
 # failover (the broker session timeout of 9 s that ends the dead node's leadership, a
 # metadata refresh, a reconnect) plus a checkpoint interval, with room for a loaded CI host.
 STALL_BOUND_S = 45.0
+STOP_AFTER_IDLE_S = 55
 IDLE_TIMEOUT_S = 20
 SOAK_IDLE_TIMEOUT_S = 60
 
@@ -315,8 +316,10 @@ def _run_faults(
         shards=2,
         batch_size=128,
         # The worker stops by itself once idle (the producer stopped): longer than any gap
-        # in the input during the faults, so a pass ending then does not stop it.
-        stop_after_idle=max(idle_timeout, 20),
+        # in training the faults may cause (the stall bound, plus a margin), so a stall
+        # within the bound does not stop it. (20 s stopped it once in CI: a coordinator's
+        # death with passes ending left 21 s without a trained record, lag 3,680.)
+        stop_after_idle=max(idle_timeout, STOP_AFTER_IDLE_S),
         checkpoint_dir=tmp_path / "ckpt",
         extra=[
             "--kafka-client", client,
@@ -348,7 +351,7 @@ def _run_faults(
 
         sent = producer.finish()
         ends = end_offsets(bootstrap, topic)
-        code = worker.wait(max(idle_timeout, 20) + 120)  # exits 0 to idle
+        code = worker.wait(max(idle_timeout, STOP_AFTER_IDLE_S) + 120)  # exits 0 to idle
         committed = committed_offsets(bootstrap, group, topic)
     finally:
         trained.finish()
