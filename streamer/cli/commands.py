@@ -648,8 +648,20 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _exit_guard(code: int, seconds: float) -> None:
-    """The worker is done; if some library thread keeps the interpreter from exiting, exit anyway."""
+    """The worker is done; if some library thread keeps the interpreter from exiting, exit anyway.
+
+    SIGINT and SIGTERM are ignored from here on: the stop is over, and a late copy of the one
+    that asked for it (a terminal's Ctrl-C reaches the process two or three times) must not
+    turn a clean exit into death by signal. A Python-level handler would not do: the
+    interpreter's finalization puts the default action back (a copy landing then killed the
+    process with SIGINT, exit -2, in CI); an ignored signal stays ignored. The exit itself is
+    bounded by this guard.
+    """
+    import signal
     import threading
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
     def guard() -> None:
         import time

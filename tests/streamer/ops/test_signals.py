@@ -59,3 +59,23 @@ def test_quiet_until_is_the_first_signal_plus_the_grace() -> None:
     answer.finished.set()
     answer(signal.SIGTERM)
     assert answer.quiet_until() == 102.0
+
+
+def test_after_the_run_a_late_copy_of_the_signal_never_kills_the_exiting_process() -> None:
+    """The CLI's exit path: once the worker is done, SIGINT/SIGTERM are ignored, through the
+    interpreter's finalization too (which resets Python-level handlers to the default)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal\n"
+        "from streamer.cli.commands import _exit_guard\n"
+        "_exit_guard(0, 30)\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "print('still here')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0 and "still here" in out.stdout, (out.returncode, out.stderr)
