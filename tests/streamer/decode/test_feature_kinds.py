@@ -11,7 +11,6 @@ simulator's recommender task, and random records of a schema file, in-process.
 
 from __future__ import annotations
 
-import io
 import math
 import re
 import uuid
@@ -26,7 +25,6 @@ import tensorflow as tf
 from kafka import KafkaProducer
 
 from consumers.settings import ConsumerSettings
-from streamer.cli.config import load_config
 from streamer.decode.schema import Schema
 from streamer.input.pipeline import PipelineSettings
 from streamer.input.source import StreamSource
@@ -36,6 +34,7 @@ from tests.workerutil import (
     all_records,
     end_offsets,
     read_audit,
+    run_in_process,
     worker_args,
 )
 
@@ -293,10 +292,9 @@ def test_recommender_trains_end_to_end_and_its_export_serves_the_same_inputs(
 
 
 def _run_in_process(**options: Any) -> Worker:
-    cfg = load_config({"metrics_port": 0, "shards": 2, "batch_size": 64, **options}, env={})
-    worker = Worker(cfg, status_out=io.StringIO())
-    assert worker.run() == 0
-    return worker
+    code, worker, log = run_in_process(**{"shards": 2, "batch_size": 64, **options})
+    assert code == 0, log
+    return worker  # type: ignore[no-any-return]
 
 
 @pytest.mark.timeout(180)
