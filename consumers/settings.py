@@ -312,11 +312,6 @@ class ConsumerSettings:
         """
         return self.max_batch_inflated_bytes or max(2 * self.fetch_max_bytes, 64 << 20)
 
-    @property
-    def queue_max_records(self) -> int:
-        """The most records one shard buffers before it pauses its partitions."""
-        return self.queue_max_blocks * self.max_poll_records
-
     def group_instance_id(self, shard_index: int) -> str:
         """Stable static-membership id: worker id + shard index."""
         return f"{self.worker_id}-shard-{shard_index}"

@@ -478,7 +478,3 @@ def print_config(config: WorkerConfig, sources: Mapping[str, str], out: Any) -> 
         else:
             shown = str(value)
         print(f"{name:<{width}}  {shown:<24}  {sources.get(name, 'default')}", file=out)
-
-
-def option_names() -> Sequence[str]:
-    return [o.name for o in OPTIONS]

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -354,12 +353,3 @@ def lost_worker(message: str, topology: Topology) -> str:
         if index != topology.index:
             return f"worker {index}"
     return "a peer"
-
-
-def describe_cluster(topology: Topology, partitions: Sequence[int]) -> dict[str, Any]:
-    """The start line's multi-worker fields."""
-    return {
-        "cluster": topology.describe(),
-        "chief": topology.chief,
-        "partitions": ",".join(str(p) for p in partitions) or "none",
-    }

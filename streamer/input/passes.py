@@ -20,11 +20,11 @@ class PassRules:
     """The rules of the passes of one source.
 
     A pass ends after ``pass_records`` records, after ``pass_seconds``, when a shard saw no
-    record for ``idle_seconds`` (not counting time spent joining the group), or, in a replay,
-    when its shard's partitions reached their stop offsets.
+    record for ``idle_timeout_seconds`` (not counting time spent joining the group), or, in a
+    replay, when its shard's partitions reached their stop offsets.
 
     >>> now = [0.0]
-    >>> rules = PassRules(pass_records=100, pass_seconds=60.0, idle_seconds=5.0,
+    >>> rules = PassRules(pass_records=100, pass_seconds=60.0, idle_timeout_seconds=5.0,
     ...                   clock=lambda: now[0])
     >>> rules.begin(); rules.take(60), rules.take(60), rules.budget_left()
     (True, False, False)
@@ -37,14 +37,14 @@ class PassRules:
         *,
         pass_records: int | None = None,
         pass_seconds: float | None = None,
-        idle_seconds: float = 10.0,
+        idle_timeout_seconds: float = 10.0,
         stop_offsets: dict[int, int] | None = None,
         start_offsets: dict[int, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pass_records = pass_records
         self.pass_seconds = pass_seconds
-        self.idle_seconds = idle_seconds
+        self.idle_timeout_seconds = idle_timeout_seconds
         self.clock = clock
         self._lock = threading.Lock()
         self._budget: int | None = None
@@ -78,7 +78,7 @@ class PassRules:
         return self.pass_seconds is not None and self.clock() - self._started >= self.pass_seconds
 
     def idle(self, since: float) -> bool:
-        return self.clock() - since >= self.idle_seconds
+        return self.clock() - since >= self.idle_timeout_seconds
 
     # ---- a replay's range ----------------------------------------------------------------------
 

@@ -129,7 +129,7 @@ class StreamSource:
         self.rules = PassRules(
             pass_records=self.settings.pass_records,
             pass_seconds=self.settings.pass_seconds,
-            idle_seconds=self.settings.idle_timeout_seconds,
+            idle_timeout_seconds=self.settings.idle_timeout_seconds,
             stop_offsets=stop_offsets,
             start_offsets=restore,
         )

@@ -20,8 +20,6 @@ class StreamPosition:
     >>> pos.commit({0: 120})
     >>> pos.current({1: 60})
     {0: 120, 1: 60}
-    >>> pos.forget_restored(); pos.current()
-    {0: 120, 1: 60}
     >>> StreamPosition({0: 7}).current()
     {0: 7}
     """
@@ -36,11 +34,6 @@ class StreamPosition:
         """Where this run started (empty without a checkpoint, or when it did not apply)."""
         with self._lock:
             return dict(self._restored)
-
-    def forget_restored(self) -> None:
-        """The checkpoint's offsets do not apply (a topic deleted and created again)."""
-        with self._lock:
-            self._restored = {}
 
     def commit(self, points: dict[int, int]) -> None:
         """These points were sent to Kafka."""

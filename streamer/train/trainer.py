@@ -357,10 +357,6 @@ class Trainer:
     def model(self) -> keras.Model:
         return self.bundle.model
 
-    def model_inputs(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        """The columns the step uses (inputs, labels, sample weight): metadata is left out."""
-        return {n: batch[n] for n in self.bundle.columns}
-
     def data(self, batch: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         """``(x, y, sample_weight)`` of a batch, as Keras' ``train_step`` unpacks its data."""
         bundle = self.bundle

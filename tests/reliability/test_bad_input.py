@@ -132,6 +132,8 @@ CORPUS: dict[str, tuple[bytes | None, str]] = {
     "ids over their cap": (_p({"x": _X, "y": 1.0, "items": list(range(9)), "n": _M}), "shape"),
     "ids as bin over their cap": (_p({"x": _X, "y": 1.0, "items": b"\x00" * 72, "n": _M}), "shape"),
     "string that is not UTF-8": (b"\x83" + _XY + b"\xa3tag\xa3\xff\xfe\xfd", "format"),
+    # A key twice: msgpack would keep the last value silently (issue 21).
+    "a key twice": (b"\x83" + _XY + b"\xa1y\xca\x40\x00\x00\x00", "format"),
     "ragged inner shape mismatch": (
         _p({"x": _X, "y": 1.0, "pairs": [[1.0, 2.0], [3.0]], "n": _M}),
         "shape",

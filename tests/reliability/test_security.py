@@ -33,6 +33,7 @@ from tests.reliability.relutil import (
 from tests.workerutil import (
     WorkerProcess,
     all_records,
+    committed_offsets,
     end_offsets,
     missing_and_extra,
     read_audit,
@@ -723,3 +724,96 @@ def test_cli_logging_keeps_kafka_at_warning_and_masks_secrets_in_every_record() 
     assert len(lines) == 3 and all("***" in line for line in lines), proc.stderr
     assert "'sasl_plain_password': '***'" in lines[0]
     assert password not in proc.stderr and password.encode().hex() not in proc.stderr
+
+
+# ---- The operations tools reach a secured cluster (issue 22) -------------------------------
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["SASL_SSL from STREAMER_*", "SSL from --config"])
+def test_simulate_lag_and_reset_group_reach_a_secured_cluster(
+    secure_broker: PrivateBroker, certs: Certs, tmp_path: Path, how: str
+) -> None:
+    """``simulate`` fills a topic, ``reset-group`` moves a group to its end and back, ``lag``
+    reads it: each over the secured listener, with the settings ``run`` takes; the plaintext
+    listener confirms what they did."""
+    topic, group = f"sec-ops-{uuid.uuid4().hex[:10]}", f"g-{uuid.uuid4().hex[:8]}"
+    mechanism, password = USERS["alice"]
+    env: dict[str, str] = {}
+    flags: list[str] = []
+    if how.startswith("SASL_SSL"):
+        env = {
+            "STREAMER_BOOTSTRAP": secure_broker.listeners["SASL_SSL"],
+            "STREAMER_SECURITY_PROTOCOL": "SASL_SSL",
+            "STREAMER_SASL_MECHANISM": mechanism,
+            "STREAMER_SASL_USERNAME": "alice",
+            "STREAMER_SASL_PASSWORD": password,
+            "STREAMER_SSL_CAFILE": str(certs.ca),
+        }
+    else:
+        config = tmp_path / "streamer.toml"
+        config.write_text(
+            f'bootstrap = "{secure_broker.listeners["SSL"]}"\n'
+            'security_protocol = "SSL"\n'
+            f'ssl_cafile = "{certs.ca}"\n'
+            f'ssl_certfile = "{certs.client_cert}"\n'
+            f'ssl_keyfile = "{certs.client_key}"\n',
+            encoding="utf-8",
+        )
+        flags = ["--config", str(config)]
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        done = run_cli([args[0], *flags, *args[1:]], env)
+        assert done.returncode == 0, f"streamer {args[0]}: exit {done.returncode}\n{done.stderr}"
+        assert password not in done.stdout + done.stderr
+        return done
+
+    def lag() -> dict[int, tuple[int | None, int]]:
+        rows = json.loads(cli("lag", "--group", group, "--topic", topic, "--json").stdout)
+        return {r["partition"]: (r["committed"], r["lag"]) for r in rows["partitions"]}
+
+    cli("simulate", "--topic", topic, "--records", "300", "--partitions", "2")
+    ends = end_offsets(secure_broker.plaintext, topic)
+    assert sum(ends.values()) == 300 and len(ends) == PARTITIONS
+    assert lag() == {p: (None, end) for p, end in ends.items()}  # no commits yet: the whole topic
+    cli("reset-group", "--group", group, "--topic", topic, "--to", "latest", "--execute")
+    assert committed_offsets(secure_broker.plaintext, group, topic) == ends
+    assert lag() == {p: (end, 0) for p, end in ends.items()}
+    cli("reset-group", "--group", group, "--topic", topic, "--to", "earliest", "--execute")
+    assert committed_offsets(secure_broker.plaintext, group, topic) == dict.fromkeys(ends, 0)
+    assert lag() == {p: (0, end) for p, end in ends.items()}
+
+
+@pytest.mark.timeout(300)
+def test_the_operations_tools_turn_a_wrong_password_into_one_clear_error(
+    secure_broker: PrivateBroker,
+) -> None:
+    """``simulate``, ``lag``, ``reset-group`` and ``replay`` with a wrong password: exit 1
+    within the fail-fast budget, one error line naming the authentication, no traceback, no
+    password, no library noise."""
+    topic = _topic(secure_broker, 10)
+    wrong = "wr0ng-Pa55-" + uuid.uuid4().hex[:8]
+    env = {
+        "STREAMER_BOOTSTRAP": secure_broker.listeners["SASL_PLAINTEXT"],
+        "STREAMER_SECURITY_PROTOCOL": "SASL_PLAINTEXT",
+        "STREAMER_SASL_MECHANISM": "SCRAM-SHA-256",
+        "STREAMER_SASL_USERNAME": "alice",
+        "STREAMER_SASL_PASSWORD": wrong,
+    }
+    for args in (
+        ["simulate", "--topic", topic, "--records", "10"],
+        ["lag", "--group", "g-wrong", "--topic", topic],
+        ["reset-group", "--group", "g-wrong", "--topic", topic, "--to", "latest"],
+        ["replay", "--topic", topic, "--from", "earliest", "--to", "latest"],
+    ):
+        t0 = time.monotonic()
+        done = run_cli(args, env, timeout=FAIL_FAST_S + 60)
+        elapsed = time.monotonic() - t0
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        noisy = [line for line in lines if " WARNING " in line or " ERROR " in line]
+        print(f"{args[0]}: exit {done.returncode} after {elapsed:.1f}s, {len(lines)} lines")
+        assert done.returncode == 1, f"{args[0]}: exit {done.returncode}\n{done.stderr}"
+        assert elapsed < FAIL_FAST_S, f"{args[0]} took {elapsed:.1f}s\n{done.stderr}"
+        assert f"authentication with {env['STREAMER_BOOTSTRAP']} failed" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and wrong not in done.stdout + done.stderr
+        assert len(noisy) <= 1, f"{args[0]}: library noise\n{done.stderr}"

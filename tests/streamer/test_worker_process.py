@@ -312,6 +312,7 @@ def test_sigterm_mid_stream_then_restart_trains_every_record_exactly_once(
         ("kafka-python", "process", "SIGTERM to the group, twice"),
         ("kafka-python", "thread", "SIGINT to the group"),
         ("confluent", "thread", "SIGINT to the group, twice"),
+        ("confluent", "process", "SIGTERM to the group"),
         ("kafka-python", "process", "SIGINT to the group, a shuffle window"),
     ],
 )

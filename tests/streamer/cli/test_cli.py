@@ -162,6 +162,50 @@ def test_lag_and_reset_group_read_the_connection_from_the_environment(
     assert out.returncode == 2 and "STREAMER_BOOTSTRAP" in out.stderr, out.stderr
 
 
+@pytest.mark.kafka
+@pytest.mark.timeout(180)
+def test_simulate_tells_the_truth_off_a_terminal_and_on_ctrl_c(
+    kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    """Off a terminal: a progress line every 10 s; Ctrl-C: the records it holds sent, a
+    summary with the count the topic really got, exit 130; ``--partitions`` that an
+    existing topic does not have: a warning that says so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.workerutil import end_offsets
+
+    topic = make_topic(2)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMER_")}
+    env.update(PYTHONUNBUFFERED="1", STREAMER_BOOTSTRAP=kafka_bootstrap)
+    args = ["simulate", "--topic", topic, "--records", "0", "--rate", "2000", "--partitions", "4"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamer.cli", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        time.sleep(13)  # past the first 10 s progress line
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert f"topic {topic} exists with 2 partitions: --partitions 4 applies only" in err, err
+    assert re.search(rf"produced [\d,]+ records to {topic} \(\d+/s\)", err), err
+    summary = re.search(rf"interrupted \(Ctrl-C\): produced ([\d,]+) records to {topic}", err)
+    assert summary, err
+    sent = int(summary.group(1).replace(",", ""))
+    assert sent >= 10_000, err  # 2,000/s for 13 s
+    assert sum(end_offsets(kafka_bootstrap, topic).values()) == sent
+    assert "Traceback" not in err and "of 4,611" not in err, err
+
+
 def test_replay_help_lists_only_what_replay_uses() -> None:
     help_text = streamer("replay", "--help", timeout=60).stdout
     for used in ("--from", "--to", "--checkpoint-dir", "--bootstrap", "--batch-size"):

@@ -7,7 +7,9 @@ from streamer.input.passes import PassRules
 
 def test_budget_clock_and_idle() -> None:
     now = [0.0]
-    rules = PassRules(pass_records=10, pass_seconds=5.0, idle_seconds=2.0, clock=lambda: now[0])
+    rules = PassRules(
+        pass_records=10, pass_seconds=5.0, idle_timeout_seconds=2.0, clock=lambda: now[0]
+    )
     rules.begin()
     assert rules.take(6) and not rules.take(6) and not rules.budget_left()
     rules.begin()

@@ -131,3 +131,35 @@ def test_the_compiled_metrics_follow_the_loss_on_every_frame(
     tty.show_metrics({"mae": 0.25})
     tty.maybe(1, 0.5)
     assert "| loss 0.5000 | mae 0.2500 | trained" in out.getvalue(), out.getvalue()
+
+
+def test_a_log_record_on_a_terminal_never_lands_on_the_live_line() -> None:
+    """The handler clears the live line, writes the record on a line of its own and draws
+    the line again; after ``end`` a record is written as it is."""
+    from streamer.ops.status import LiveLineHandler
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out, snap = Tty(), Snapshot()
+    line = StatusLine(out, 10.0, snap, clock=Clock())  # type: ignore[arg-type]
+    handler = LiveLineHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    logger = logging.getLogger("streamer.test-live-line")
+    logger.addHandler(handler)
+    logger.propagate = False
+    try:
+        line.maybe(1, 0.5)
+        frame = out.getvalue().split("\r\x1b[K")[-1]
+        assert frame.startswith("step")
+        logger.warning("a broker went away")
+        # Cleared, the record alone on its line, the frame drawn again after it.
+        assert out.getvalue().endswith(f"\r\x1b[KWARNING a broker went away\n{frame}")
+        line.end()
+        assert out.getvalue().endswith(frame + "\n")
+        logger.warning("after the end")
+        assert out.getvalue().endswith(frame + "\nWARNING after the end\n")
+    finally:
+        logger.removeHandler(handler)
+        line.end()

@@ -1,0 +1,132 @@
+"""Files, endpoints and settings of a real worker on the real broker (issue 21, items 7-8).
+
+- ``--export-dir`` that already holds what the worker did not write (a ``2019/`` with a
+  report, a ``.tmp-notes/`` folder): the worker exports and prunes its own versions only.
+- The metrics server of a running worker caps its connections: one too many is answered 503
+  at once, and the server serves again when they close.
+- A setting of the wrong type, from TOML, the environment or a flag: exit 2 with a message that
+  names the setting, before the worker joins the group (nothing read, nothing committed).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streamer.input.simulator import produce
+from streamer.ops.health import MAX_CONNECTIONS
+from streamer.train.export import INFO_FILE
+from tests.reliability.relutil import http_get, metrics_base, run_cli, start_worker
+from tests.workerutil import committed_offsets, end_offsets, read_audit, worker_args
+
+pytestmark = pytest.mark.kafka
+
+RECORDS = 3000
+
+
+def _get(url: str) -> int:
+    return http_get(url, timeout=10)[0]
+
+
+@pytest.mark.timeout(300)
+def test_exports_prune_only_their_own_versions_and_the_metrics_server_caps_connections(
+    kafka_bootstrap: str, make_topic: Any, group_id: str, tmp_path: Path
+) -> None:
+    topic = make_topic(2)
+    produce(kafka_bootstrap, topic, RECORDS, partitions=2)
+    export_dir = tmp_path / "models"
+    (export_dir / "2019").mkdir(parents=True)
+    (export_dir / "2019" / "report.txt").write_text("mine", encoding="utf-8")
+    (export_dir / ".tmp-notes").mkdir()
+    (export_dir / ".tmp-notes" / "n.txt").write_text("notes", encoding="utf-8")
+    audit = tmp_path / "audit.csv"
+    args = worker_args(
+        kafka_bootstrap, topic, group_id, audit, shards=2, batch_size=64, stop_after_idle=4,
+        extra=[
+            *("--export-dir", str(export_dir), "--export-every-steps", "10"),
+            *("--export-keep", "2"),
+        ],
+    )  # fmt: skip
+    worker = start_worker(args, tmp_path / "worker.log")
+    try:
+        base = metrics_base(worker)
+        idle = [
+            socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])))
+            for _ in range(MAX_CONNECTIONS)
+        ]
+        try:
+            deadline = time.monotonic() + 30
+            while (status := _get(base + "/metrics")) != 503 and time.monotonic() < deadline:
+                time.sleep(0.2)  # the accept loop takes the idle connections one by one
+            assert status == 503, f"{MAX_CONNECTIONS} idle connections, /metrics still {status}"
+        finally:
+            for conn in idle:
+                conn.close()
+        deadline = time.monotonic() + 30
+        while (status := _get(base + "/metrics")) != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status == 200, "the metrics server did not serve again"
+        code = worker.wait(180)
+    finally:
+        worker.kill()
+    assert code == 0, worker.tail()
+    assert sum(read_audit(audit, topic).values()) == RECORDS
+    assert "refusing more (503)" in worker.log()
+    # What the worker did not write is untouched; of its own versions, the newest 2 are kept.
+    assert (export_dir / "2019" / "report.txt").read_text(encoding="utf-8") == "mine"
+    assert (export_dir / ".tmp-notes" / "n.txt").read_text(encoding="utf-8") == "notes"
+    versions = sorted(int(p.name) for p in export_dir.iterdir() if (p / INFO_FILE).exists())
+    assert len(versions) == 2 and 2019 not in versions, sorted(export_dir.iterdir())
+    steps = RECORDS // 64
+    assert versions[-1] >= steps, versions  # the last export at the stop: every step
+    assert sorted(p.name for p in export_dir.iterdir()) == sorted(
+        ["2019", ".tmp-notes", *map(str, versions)]
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("where", "setting", "named"),
+    [
+        ("toml", "topic = 5", "topic"),
+        ("toml", "partitions = [1.9, 0.2]", "partitions"),
+        ("toml", "shards = 2.7", "shards"),
+        ("env", "STREAMER_LEARNING_RATE=nan", "learning_rate"),
+        ("env", "STREAMER_IDLE_TIMEOUT=inf", "idle_timeout"),
+        ("flag", "--shards=2.7", "shards"),
+    ],
+)
+def test_a_setting_of_the_wrong_type_is_exit_2_before_the_group_is_joined(
+    kafka_bootstrap: str,
+    make_topic: Any,
+    group_id: str,
+    tmp_path: Path,
+    where: str,
+    setting: str,
+    named: str,
+) -> None:
+    topic = make_topic(1)
+    produce(kafka_bootstrap, topic, 100, partitions=1)
+    args = ["run", "--bootstrap", kafka_bootstrap, "--group", group_id, "--stop-after-idle", "3"]
+    env: dict[str, str] = {}
+    if where == "toml":
+        config = tmp_path / "worker.toml"
+        config.write_text(setting + "\n", encoding="utf-8")
+        args += ["--config", str(config)]
+    elif where == "env":
+        key, value = setting.split("=", 1)
+        env[key] = value
+    else:
+        args.append(setting)
+    if "topic" not in setting:  # else the topic comes from the file alone
+        args += ["--topic", topic]
+    done = run_cli(args, env, timeout=120)
+    assert done.returncode == 2, f"exit {done.returncode}\n{done.stderr[-3000:]}"
+    assert named in done.stderr, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert committed_offsets(kafka_bootstrap, group_id, topic) == {0: None}
+    assert end_offsets(kafka_bootstrap, topic) == {0: 100}
