@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from consumers.block import RecordBlock
+from consumers.types import KafkaErrorType
 
 __all__ = ["Claim", "ShardHooks", "ShardLike"]
 
@@ -53,7 +54,7 @@ class ShardHooks:
     ) -> None:
         """A commit finished."""
 
-    def on_error(self, kind: str, exc: BaseException) -> None:
+    def on_error(self, kind: KafkaErrorType, exc: BaseException) -> None:
         """A Kafka error was seen (kind: connection, authentication, fenced, commit, other, ...)."""
 
     def on_paused(self, shard_index: int, paused: int) -> None:

@@ -29,6 +29,7 @@ from consumers.hooks import Claim, ShardHooks
 from consumers.queue import BlockQueue
 from consumers.settings import ConsumerSettings
 from consumers.shard import Shard
+from consumers.types import KafkaErrorType
 
 __all__ = ["ProcessShard"]
 
@@ -118,7 +119,7 @@ class Committed:
 
 @dataclass(frozen=True, slots=True)
 class ErrorSeen:
-    kind: str
+    kind: KafkaErrorType
     text: str
 
 
@@ -242,7 +243,7 @@ class _ChildHooks(ShardHooks):
     ) -> None:
         self._send(Committed(offsets, ok, seconds, error))
 
-    def on_error(self, kind: str, exc: BaseException) -> None:
+    def on_error(self, kind: KafkaErrorType, exc: BaseException) -> None:
         self._send(ErrorSeen(kind, f"{type(exc).__name__}: {exc}"))
 
     def on_paused(self, shard_index: int, paused: int) -> None:

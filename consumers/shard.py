@@ -37,6 +37,7 @@ from consumers.group import Barrier, RejoinWatch
 from consumers.hooks import Claim, ShardHooks
 from consumers.queue import BlockQueue, lowest_offsets
 from consumers.settings import ConsumerSettings
+from consumers.types import KafkaErrorType
 
 __all__ = ["Shard"]
 
@@ -246,7 +247,7 @@ class Shard:
         """Send the waiting commit requests synchronously (raises on failure)."""
         self._flush_commits(sync=True, timeout_ms=timeout_ms)
 
-    def report_error(self, kind: str, exc: BaseException) -> None:
+    def report_error(self, kind: KafkaErrorType, exc: BaseException) -> None:
         self.hooks.on_error(kind, exc)
 
     # ---- the poller thread -------------------------------------------------------------------

@@ -87,6 +87,7 @@ class Worker(Lifecycle):
         self._final_lag: int | None = None  # the lag as the last pass ended (status line)
         self._start: StreamStart | None = None
         self._metrics_window = time.monotonic()
+        self._steps_in_window = 0  # steps since the last report of the model's metrics
 
     def _on_stop(self) -> None:
         if getattr(self, "source", None) is not None:
@@ -492,7 +493,9 @@ class Worker(Lifecycle):
         now = time.monotonic()
         if not force and now - self._metrics_window < self.config.status_interval:
             return
-        self._metrics_window = now
+        if not self._steps_in_window:
+            return  # no step since the last report: an empty window reads 0, a false figure
+        self._metrics_window, self._steps_in_window = now, 0
         values = self.trainer.metric_values(reset=True)
         if not values:
             return
@@ -507,6 +510,7 @@ class Worker(Lifecycle):
         cfg = self.config
         if self.profiler is not None:
             self.profiler.after_step(self.step)
+        self._steps_in_window += 1
         self._publish_train_metrics()
         if self.summaries is not None:
             self.summaries.observe(self.step, self.loss, samples, input_wait_seconds)

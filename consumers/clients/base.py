@@ -31,7 +31,7 @@ __all__ = [
     "UnreadableBatchError",
 ]
 
-from consumers.types import ClientName
+from consumers.types import ClientName, KafkaErrorType
 
 #: ``callback(offsets, error)``: a commit finished (``error`` None) or failed.
 CommitCallback = Callable[[dict[int, int], BaseException | None], None]
@@ -137,7 +137,7 @@ class ShardContext(Protocol):
         """Send the commit requests waiting, synchronously."""
         ...
 
-    def report_error(self, kind: str, exc: BaseException) -> None:
+    def report_error(self, kind: KafkaErrorType, exc: BaseException) -> None:
         """Count an error of ``kind`` (a ``streamer_kafka_errors_total`` type)."""
         ...
 

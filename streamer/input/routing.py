@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING
 
 from consumers import ShardHooks, ShardLike
+from consumers.types import KafkaErrorType
 from streamer.input.offsets import OffsetTracker
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ class ShardRouter(ShardHooks):
         if self.metrics is not None:
             self.metrics.seed_committed(offsets)
 
-    def on_error(self, kind: str, exc: BaseException) -> None:
+    def on_error(self, kind: KafkaErrorType, exc: BaseException) -> None:
         if self.metrics is not None:
             self.metrics.kafka_error(kind)
 

@@ -21,7 +21,7 @@ from streamer.input.simulator import produce
 from streamer.ops.health import MAX_CONNECTIONS
 from streamer.train.export import INFO_FILE
 from tests.reliability.relutil import http_get, metrics_base, run_cli, start_worker
-from tests.workerutil import committed_offsets, end_offsets, read_audit, worker_args
+from tests.workerutil import committed_offsets, end_offsets, free_port, read_audit, worker_args
 
 pytestmark = pytest.mark.kafka
 
@@ -45,8 +45,9 @@ def test_exports_prune_only_their_own_versions_and_the_metrics_server_caps_conne
     (export_dir / ".tmp-notes" / "n.txt").write_text("notes", encoding="utf-8")
     audit = tmp_path / "audit.csv"
     args = worker_args(
-        kafka_bootstrap, topic, group_id, audit, shards=2, batch_size=64, stop_after_idle=4,
+        kafka_bootstrap, topic, group_id, audit, shards=2, batch_size=64, stop_after_idle=8,
         extra=[
+            *("--metrics-port", str(free_port())),  # worker_args' 0 turns the server off
             *("--export-dir", str(export_dir), "--export-every-steps", "10"),
             *("--export-keep", "2"),
         ],
