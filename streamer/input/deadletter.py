@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from consumers.producer import is_permanent, new_producer
+
 __all__ = [
     "HEADER_ERROR",
     "HEADER_OFFSET",
@@ -25,7 +27,6 @@ __all__ = [
     "HEADER_TOPIC",
     "DeadLetterBacklogFull",
     "DeadLetterWriter",
-    "is_permanent",
 ]
 
 log = logging.getLogger("streamer.deadletter")
@@ -50,38 +51,6 @@ _DEFAULT_MAX_REQUEST = 16 * 1024 * 1024
 #: Added to the topic's max.message.bytes for the producer's own (estimated) size check: a
 #: letter near the limit is left to the broker, which measures it exactly.
 _REQUEST_HEADROOM = 64 * 1024
-
-
-def is_permanent(exc: BaseException) -> bool:
-    """True when writing the same letter again can never succeed: the letter itself is refused.
-
-    Too large for the topic (``MessageSizeTooLargeError``, raised by the producer's own check
-    or by the broker; Java's ``RecordTooLargeException`` is the same error code;
-    ``RecordListTooLargeError``), refused as invalid (``InvalidRecordError``,
-    ``CorruptRecordError``), and any other error response the broker marks non-retriable.
-    Retrying those would freeze the source partition's commit point forever.
-
-    Authorization and authentication errors are not permanent here: they concern the
-    worker's principal, not the letter; an operator grants the ACL at run time and the same
-    write then succeeds (and a header-only letter would be refused the same way). Client-side
-    conditions (timeouts, a lost connection, a producer closed under a write, a missing topic)
-    and anything that is not a Kafka error response are retried too.
-    """
-    import kafka.errors as kerrors
-
-    if isinstance(
-        exc,
-        (
-            kerrors.MessageSizeTooLargeError,
-            kerrors.RecordListTooLargeError,
-            kerrors.InvalidRecordError,
-            kerrors.CorruptRecordError,
-        ),
-    ):
-        return True
-    if isinstance(exc, (kerrors.AuthorizationError, kerrors.SaslAuthenticationFailedError)):
-        return False
-    return isinstance(exc, kerrors.BrokerResponseError) and not exc.retriable
 
 
 class DeadLetterBacklogFull(RuntimeError):
@@ -151,9 +120,7 @@ class DeadLetterWriter:
         max_message_bytes: int | None = None,
         max_record_bytes: int | None = None,
     ) -> None:
-        from kafka import KafkaProducer
-
-        factory = producer_factory or KafkaProducer
+        factory = producer_factory or new_producer
         self.topic = topic
         largest = max(max_message_bytes or 0, max_record_bytes or 0)
         # A backlog smaller than one record would refuse it on every pass: a frozen partition.
@@ -185,12 +152,7 @@ class DeadLetterWriter:
         self._config: dict[str, Any] = dict(
             bootstrap_servers=bootstrap_servers,
             client_id="streamer-dead-letter",
-            acks="all",
-            # Not idempotent: kafka-python 3.0.12's idempotent producer turns any
-            # non-retriable batch error (a letter too large for the topic) into a fatal state
-            # that fails every later write. Dead letters are at least once anyway.
-            enable_idempotence=False,
-            retries=5,
+            retries=5,  # acks=all, not idempotent: consumers.producer.PRODUCER_DEFAULTS
             linger_ms=20,
             max_block_ms=max_block_ms,
             request_timeout_ms=10_000,
@@ -265,9 +227,8 @@ class DeadLetterWriter:
     def _fresh_producer(self) -> bool:
         """After a failed write, replace the producer; False if no new one could be made.
 
-        kafka-python keeps a topic's metadata (partition leader epochs) after the topic was
-        deleted, and ignores the metadata of a topic created again under the name as stale:
-        its writes then never complete. A new producer starts from fresh metadata.
+        A new producer starts from fresh metadata (a topic created again under its name:
+        ``consumers.producer``).
         """
         if not self._renew:
             return True

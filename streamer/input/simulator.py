@@ -442,11 +442,11 @@ def produce(
     >>> produce("127.0.0.1:9092", "samples", 10_000, partitions=6)   # doctest: +SKIP
     10000
     """
-    from kafka import KafkaProducer
     from kafka.admin import KafkaAdminClient
     from kafka.errors import TopicAlreadyExistsError
 
     from consumers.clients.kafka_python import connect
+    from consumers.producer import new_producer
 
     task = task or SimulatorTask()
     security = security or SecuritySettings()
@@ -479,11 +479,10 @@ def produce(
     finally:
         admin.close()
     producer = connect(
-        KafkaProducer,
+        new_producer,
         bootstrap_servers,
         security,
         30_000,
-        acks="all",
         linger_ms=20,
         batch_size=512 * 1024,
         max_request_size=8 * 1024 * 1024,

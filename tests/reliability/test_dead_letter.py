@@ -19,7 +19,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import kafka.errors as kerrors
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from kafka.admin import ConfigResource, ConfigResourceType
@@ -31,9 +30,7 @@ from streamer.input.deadletter import (
     HEADER_PARTITION,
     HEADER_REASON,
     HEADER_TOPIC,
-    DeadLetterBacklogFull,
     DeadLetterWriter,
-    is_permanent,
 )
 from streamer.input.simulator import SimulatorTask
 from tests.reliability.relutil import http_get, metrics_base, run_cli, start_worker, wait_until
@@ -382,44 +379,3 @@ def test_a_letter_refused_for_good_is_done_without_retries(
     assert (first_headers[HEADER_OFFSET], first_headers[HEADER_REASON]) == ("77", "format")
     assert second == b"\xc1" * 5 and second_headers[HEADER_OFFSET] == "78"
     assert HEADER_ERROR not in second_headers
-
-
-# ---- which produce errors are permanent (no broker) ------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [
-        kerrors.MessageSizeTooLargeError(),
-        kerrors.RecordListTooLargeError(),
-        kerrors.InvalidRecordError(),
-        kerrors.CorruptRecordError(),
-        kerrors.InvalidTopicError(),  # any other non-retriable error response
-        kerrors.UnknownError(),
-    ],
-    ids=lambda e: type(e).__name__,
-)
-def test_errors_about_the_letter_are_permanent(exc: BaseException) -> None:
-    assert is_permanent(exc)
-
-
-@pytest.mark.parametrize(
-    "exc",
-    [
-        kerrors.KafkaTimeoutError(),  # no metadata within max_block_ms, a delivery timeout
-        kerrors.UnknownTopicOrPartitionError(),  # the topic deleted
-        kerrors.NotLeaderForPartitionError(),
-        kerrors.RequestTimedOutError(),
-        kerrors.NotEnoughReplicasError(),
-        kerrors.KafkaConnectionError(),
-        kerrors.IllegalStateError("Producer is closed forcefully."),  # a renewed producer
-        kerrors.TopicAuthorizationFailedError(),  # an ACL is granted at run time
-        kerrors.ClusterAuthorizationFailedError(),
-        kerrors.SaslAuthenticationFailedError(),
-        DeadLetterBacklogFull("full"),
-        RuntimeError("no dead-letter producer (broker unreachable?)"),
-    ],
-    ids=lambda e: type(e).__name__,
-)
-def test_errors_about_the_broker_or_the_topic_are_retried(exc: BaseException) -> None:
-    assert not is_permanent(exc)
