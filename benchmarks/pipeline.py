@@ -199,7 +199,7 @@ def _partitions(bootstrap: str, topic: str) -> list[int]:
     from consumers.admin import wait_for_topic
 
     settings = ConsumerSettings(bootstrap_servers=bootstrap, topic=topic)
-    return wait_for_topic(settings, attempts=2, topic_wait_s=0)
+    return wait_for_topic(settings, attempts=2, topic_wait_seconds=0)
 
 
 def _settings(

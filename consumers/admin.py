@@ -52,12 +52,12 @@ def wait_for_topic(
     settings: ConsumerSettings,
     *,
     attempts: int = 100,
-    broker_wait_s: float = 30.0,
-    first_backoff_s: float = 1.0,
-    max_backoff_s: float = 30.0,
+    broker_wait_seconds: float = 30.0,
+    first_backoff_seconds: float = 1.0,
+    max_backoff_seconds: float = 30.0,
     health: _Readiness | None = None,
     stop: threading.Event | None = None,
-    topic_wait_s: float | None = None,
+    topic_wait_seconds: float | None = None,
     topic_ids: dict[str, str] | None = None,
 ) -> list[int]:
     """Wait until the broker answers and the topic exists; returns its partitions.
@@ -65,20 +65,20 @@ def wait_for_topic(
     ``topic_ids``, if given, receives the topic's id (Kafka's UUID, where the broker sends it).
 
     Bounded retries with exponential backoff while no broker answers: probes of up to
-    ``settings.bootstrap_timeout_ms`` each, 1 s doubling between them, for ``broker_wait_s``
+    ``settings.bootstrap_timeout_ms`` each, 1 s doubling between them, for ``broker_wait_seconds``
     seconds in all (default 30; at most ``attempts`` probes), then one ``BrokerUnavailableError``
     naming the bootstrap servers (never credentials). Each retry is one INFO line. A failed authentication or TLS handshake is raised at once
     (``AuthenticationError``, ``TlsHandshakeError``): retrying would not help. A missing topic
-    is waited for (not ready, backoff, one log line per attempt) for ``topic_wait_s`` seconds
+    is waited for (not ready, backoff, one log line per attempt) for ``topic_wait_seconds`` seconds
     (default: forever), then ``TopicNotFoundError``.
     """
     if attempts < 1:
         raise ValueError("attempts must be at least 1")
-    backoff = first_backoff_s
+    backoff = first_backoff_seconds
     waited_topic = 0.0
     attempt = 0
     t0 = time.monotonic()
-    deadline = t0 + broker_wait_s
+    deadline = t0 + broker_wait_seconds
     while True:
         attempt += 1
         remaining_ms = int((deadline - time.monotonic()) * 1000)
@@ -90,7 +90,7 @@ def wait_for_topic(
                 raise BrokerUnavailableError(
                     settings.bootstrap_servers,
                     f"gave up after {attempt} attempts in {time.monotonic() - t0:.0f}s "
-                    f"(--broker-wait-seconds {broker_wait_s:g})",
+                    f"(--broker-wait-seconds {broker_wait_seconds:g})",
                 ) from exc
             log.info(
                 "no Kafka broker answered at %s (attempt %d); retrying in %.0fs, for %.0fs more",
@@ -105,7 +105,7 @@ def wait_for_topic(
                 raise
             if stop is None:
                 time.sleep(backoff)
-            backoff = min(backoff * 2, max_backoff_s)
+            backoff = min(backoff * 2, max_backoff_seconds)
             continue
         try:
             parts = consumer.partitions_for_topic(settings.topic)
@@ -118,7 +118,7 @@ def wait_for_topic(
             if waited_topic:
                 log.info("topic %r exists now: %d partitions", settings.topic, len(parts))
             return sorted(parts)
-        if topic_wait_s is not None and waited_topic >= topic_wait_s:
+        if topic_wait_seconds is not None and waited_topic >= topic_wait_seconds:
             raise TopicNotFoundError(settings.topic)
         log.warning("topic %r does not exist yet; waiting %.0fs", settings.topic, backoff)
         if health is not None:
@@ -129,7 +129,7 @@ def wait_for_topic(
             time.sleep(backoff)
         waited_topic += backoff
         attempt = 0
-        backoff = min(backoff * 2, max_backoff_s)
+        backoff = min(backoff * 2, max_backoff_seconds)
 
 
 #: The topic config that bounds a record batch's size on the broker.

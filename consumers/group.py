@@ -34,11 +34,11 @@ class JoinBarrier:
     Shards are created one after the other; without this the first one to join is assigned
     every partition, starts fetching, and each later join revokes and re-fetches (a rebalance
     round each). Released once every shard reported the same stable generation for
-    ``settle_s`` (a leader that assigned from stale metadata rejoins within a heartbeat), or
-    after ``timeout_s`` (another worker may keep the group rebalancing).
+    ``settle_seconds`` (a leader that assigned from stale metadata rejoins within a heartbeat), or
+    after ``timeout_seconds`` (another worker may keep the group rebalancing).
 
     >>> now = [0.0]
-    >>> barrier = JoinBarrier(2, settle_s=1.0, clock=lambda: now[0])
+    >>> barrier = JoinBarrier(2, settle_seconds=1.0, clock=lambda: now[0])
     >>> barrier.report(0, 5), barrier.report(1, 5)
     (False, False)
     >>> now[0] = 1.5
@@ -50,16 +50,16 @@ class JoinBarrier:
         self,
         parties: int,
         *,
-        settle_s: float = 1.5,
-        timeout_s: float = 30.0,
+        settle_seconds: float = 1.5,
+        timeout_seconds: float = 30.0,
         clock: Clock = time.monotonic,
     ) -> None:
         self.parties = parties
-        self.settle_s = settle_s
+        self.settle_seconds = settle_seconds
         self._clock = clock
         self._generations: dict[int, int | None] = {}
         self._lock = threading.Lock()
-        self._deadline = clock() + timeout_s
+        self._deadline = clock() + timeout_seconds
         self._agreed_since: float | None = None
         self.released = False
 
@@ -77,7 +77,7 @@ class JoinBarrier:
             if len(self._generations) == self.parties and len(gens) == 1 and None not in gens:
                 if self._agreed_since is None:
                     self._agreed_since = now
-                elif now - self._agreed_since >= self.settle_s:
+                elif now - self._agreed_since >= self.settle_seconds:
                     self.released = True
             if not self.released and now > self._deadline:
                 log.warning(
@@ -94,11 +94,11 @@ class RejoinWatch:
     after its first assignment sometimes never completes the rejoin (no assignment, no error)
     until its consumer is recreated. A legitimate rebalance waits at most for a departed
     static member's session to expire, so the limit is the session timeout plus a margin.
-    ``observe`` returns what to do: ``"ok"``, ``"nudge"`` (unstable for ``nudge_after_s``: ask
+    ``observe`` returns what to do: ``"ok"``, ``"nudge"`` (unstable for ``nudge_after_seconds``: ask
     the client to take up a join it may have left pending) or ``"stuck"`` (recreate it).
 
     >>> now = [0.0]
-    >>> watch = RejoinWatch(stuck_after_s=10.0, clock=lambda: now[0])
+    >>> watch = RejoinWatch(stuck_after_seconds=10.0, clock=lambda: now[0])
     >>> watch.observe(False), watch.unstable
     ('ok', True)
     >>> now[0] = 2.0; watch.observe(False)
@@ -110,10 +110,14 @@ class RejoinWatch:
     """
 
     def __init__(
-        self, *, stuck_after_s: float, nudge_after_s: float = 1.0, clock: Clock = time.monotonic
+        self,
+        *,
+        stuck_after_seconds: float,
+        nudge_after_seconds: float = 1.0,
+        clock: Clock = time.monotonic,
     ) -> None:
-        self.stuck_after_s = stuck_after_s
-        self.nudge_after_s = nudge_after_s
+        self.stuck_after_seconds = stuck_after_seconds
+        self.nudge_after_seconds = nudge_after_seconds
         self._clock = clock
         self._unstable_since: float | None = None
 
@@ -131,9 +135,9 @@ class RejoinWatch:
             self._unstable_since = now
             return "ok"
         waited = now - self._unstable_since
-        if waited >= self.stuck_after_s:
+        if waited >= self.stuck_after_seconds:
             return "stuck"
-        return "nudge" if waited >= self.nudge_after_s else "ok"
+        return "nudge" if waited >= self.nudge_after_seconds else "ok"
 
     def reset(self) -> None:
         self._unstable_since = None

@@ -14,7 +14,7 @@ _DIGITS = re.compile(r"\d+")
 
 
 class RepeatFilter(logging.Filter):
-    """Lets an identical WARNING/ERROR record through at most once per ``every_s``.
+    """Lets an identical WARNING/ERROR record through at most once per ``every_seconds``.
 
     Records differ in their arguments (or, with ``fold_numbers``, in their text without its
     numbers): distinct errors still all get through. ``max_level`` caps the level of what a
@@ -23,13 +23,13 @@ class RepeatFilter(logging.Filter):
 
     def __init__(
         self,
-        every_s: float = 10.0,
+        every_seconds: float = 10.0,
         *,
         fold_numbers: bool = False,
         max_level: int = logging.CRITICAL,
     ) -> None:
         super().__init__()
-        self.every_s = every_s
+        self.every_seconds = every_seconds
         self.fold_numbers = fold_numbers
         self.max_level = max_level
         self._seen: dict[tuple[str, str], float] = {}
@@ -47,7 +47,7 @@ class RepeatFilter(logging.Filter):
         now = time.monotonic()
         with self._lock:
             last = self._seen.get(key)
-            if last is not None and now - last < self.every_s:
+            if last is not None and now - last < self.every_seconds:
                 return False
             if len(self._seen) > 1000:
                 self._seen.clear()

@@ -139,7 +139,7 @@ class Shard:
         self._thread: threading.Thread | None = None
         self._client: ConsumerClient | None = None
         self._closed = False
-        self._watch = RejoinWatch(stuck_after_s=settings.session_timeout_ms / 1000 + 10.0)
+        self._watch = RejoinWatch(stuck_after_seconds=settings.session_timeout_ms / 1000 + 10.0)
         #: True while the topic does not exist (deleted mid-stream, or not created again yet).
         self._topic_missing = False
         self.last_record_monotonic = time.monotonic()
@@ -655,7 +655,7 @@ class Shard:
             "complete the rejoin); recreating its consumer",
             self.shard_index,
             self.settings.group_id,
-            self._watch.stuck_after_s,
+            self._watch.stuck_after_seconds,
         )
         self.hooks.on_error("rebalance_stuck", TimeoutError("rejoin did not complete"))
         self._watch.reset()

@@ -174,7 +174,7 @@ class Worker(Lifecycle):
                 health=self.health,
                 stop=self._stopping,
                 topic_ids=ids,
-                broker_wait_s=cfg.broker_wait_seconds,
+                broker_wait_seconds=cfg.broker_wait_seconds,
             )
             self.topic_partitions = list(partitions)
             if cfg.replay is not None and not cfg.partitions:  # a replay reads them all

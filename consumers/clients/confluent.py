@@ -171,7 +171,9 @@ def open_client(settings: ConsumerSettings, shard_index: int) -> ConfluentClient
     return ConfluentClient(settings, shard_index)
 
 
-def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iterator[list[bytes]]:
+def read_values(
+    settings: ConsumerSettings, *, timeout_seconds: float = 600.0
+) -> Iterator[list[bytes]]:
     """The values of ``settings.partitions`` from their beginning, one list per ``consume``,
     in a plain confluent-kafka loop (the benchmark's reference for the client's cost)."""
     protect(settings.security)
@@ -186,7 +188,7 @@ def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iter
                 for p in settings.partitions or ()
             ]
         )
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             msgs = consumer.consume(settings.max_poll_records, 0.2)
             if msgs:

@@ -243,7 +243,7 @@ def probe_consumer(
 
 
 def probe_batch(
-    settings: ConsumerSettings, partition: int, offset: int, *, timeout_s: float = 15.0
+    settings: ConsumerSettings, partition: int, offset: int, *, timeout_seconds: float = 15.0
 ) -> RefusedBatch | None:
     """What kafka-python makes of the record batch at ``offset`` of ``partition``, inflating it
     within ``settings.inflate_bound``: the ``RefusedBatch`` when it inflates past the bound,
@@ -252,7 +252,7 @@ def probe_batch(
     For a client that cannot tell where a batch it could not inflate ends (librdkafka reports
     only its first offset). The fetch asks for one byte per partition: the broker sends the
     first batch whole and nothing after it (KIP-74). Raises ``RetriableClientError`` when no
-    answer came within ``timeout_s``, and kafka-python's error when the batch is corrupt.
+    answer came within ``timeout_seconds``, and kafka-python's error when the batch is corrupt.
     """
     protect(settings.security)
     cfg = consumer_config(settings, 0)
@@ -268,7 +268,7 @@ def probe_batch(
         tp = TopicPartition(settings.topic, partition)
         consumer.assign([tp])
         consumer.seek(tp, offset)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             with internals.bounded_inflation(settings.inflate_bound, refused):
                 polled = consumer.poll(timeout_ms=500)
@@ -280,10 +280,14 @@ def probe_batch(
                 return None
     finally:
         consumer.close(autocommit=False)
-    raise RetriableClientError(f"reading the batch at offset {offset}: no answer in {timeout_s}s")
+    raise RetriableClientError(
+        f"reading the batch at offset {offset}: no answer in {timeout_seconds}s"
+    )
 
 
-def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iterator[list[bytes]]:
+def read_values(
+    settings: ConsumerSettings, *, timeout_seconds: float = 600.0
+) -> Iterator[list[bytes]]:
     """The values of ``settings.partitions`` from their beginning, one list per poll, in a
     plain kafka-python loop without a group (the benchmark's reference for the client's cost)."""
     protect(settings.security)
@@ -294,7 +298,7 @@ def read_values(settings: ConsumerSettings, *, timeout_s: float = 600.0) -> Iter
     try:
         consumer.assign([TopicPartition(settings.topic, p) for p in settings.partitions or ()])
         consumer.seek_to_beginning()
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_seconds
         while time.monotonic() < deadline:
             for records in consumer.poll(timeout_ms=200).values():
                 yield [r.value for r in records]

@@ -715,7 +715,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         from consumers.admin import wait_for_topic
 
         parts = wait_for_topic(
-            config.consumer_settings(), broker_wait_s=config.broker_wait_seconds, topic_wait_s=0
+            config.consumer_settings(),
+            broker_wait_seconds=config.broker_wait_seconds,
+            topic_wait_seconds=0,
         )
         config = dataclasses.replace(config, partitions=tuple(parts))
     check_replay_group(config.consumer_settings(), spec)

@@ -196,7 +196,7 @@ class DistributedWorker(Lifecycle):
             health=self.health,
             stop=self._stopping,
             topic_ids=ids,
-            broker_wait_s=cfg.broker_wait_seconds,
+            broker_wait_seconds=cfg.broker_wait_seconds,
         )
         if cfg.partitions:
             everything = sorted(set(everything) & set(cfg.partitions))

@@ -13,7 +13,7 @@ log = logging.getLogger("streamer.probe")
 
 
 class BrokerProbe:
-    """Checks every ``interval_s`` that at least one bootstrap server accepts a TCP connection.
+    """Checks every ``interval_seconds`` that at least one bootstrap server accepts a TCP connection.
 
     kafka-python reconnects silently while a broker is down, so the consumers alone cannot tell
     readiness that the broker is gone; this probe can. ``on_change(up)`` is called from the
@@ -28,8 +28,8 @@ class BrokerProbe:
         self,
         bootstrap_servers: str,
         *,
-        interval_s: float = 2.0,
-        timeout_s: float = 2.0,
+        interval_seconds: float = 2.0,
+        timeout_seconds: float = 2.0,
         on_change: Callable[[bool], None] | None = None,
     ) -> None:
         self._servers: list[tuple[str, int]] = []
@@ -37,8 +37,8 @@ class BrokerProbe:
             host, _, port = item.strip().rpartition(":")
             self._servers.append((host.strip("[]"), int(port)))
         self.bootstrap_servers = bootstrap_servers
-        self.interval_s = interval_s
-        self.timeout_s = timeout_s
+        self.interval_seconds = interval_seconds
+        self.timeout_seconds = timeout_seconds
         self._on_change = on_change
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -47,7 +47,7 @@ class BrokerProbe:
     def check(self) -> bool:
         for host, port in self._servers:
             try:
-                with socket.create_connection((host, port), timeout=self.timeout_s):
+                with socket.create_connection((host, port), timeout=self.timeout_seconds):
                     return True
             except OSError:
                 continue
@@ -59,7 +59,7 @@ class BrokerProbe:
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.wait(self.interval_seconds):
             up = self.check()
             if up != self.up:
                 self.up = up
@@ -73,4 +73,4 @@ class BrokerProbe:
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(self.timeout_s + self.interval_s)
+            self._thread.join(self.timeout_seconds + self.interval_seconds)

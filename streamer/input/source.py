@@ -177,8 +177,8 @@ class StreamSource:
         return cls(schema, settings, consumer=consumer, start=start, **kwargs)
 
     def _new_barrier(self) -> JoinBarrier:
-        heartbeat_s = (self.consumer.heartbeat_interval_ms if self.consumer else 1000) / 1000
-        return JoinBarrier(self.settings.num_shards, settle_s=1.5 * heartbeat_s)
+        heartbeat_seconds = (self.consumer.heartbeat_interval_ms if self.consumer else 1000) / 1000
+        return JoinBarrier(self.settings.num_shards, settle_seconds=1.5 * heartbeat_seconds)
 
     def _kafka_factory(self, consumer: ConsumerSettings) -> ShardFactory:
         # A process shard decodes its blocks in its own child, on its own core: the map here

@@ -103,7 +103,7 @@ class Evaluator:
 
         probe = dataclasses.replace(self.consumer, topic=self.topic)
         try:
-            partitions = wait_for_topic(probe, attempts=1, topic_wait_s=0)
+            partitions = wait_for_topic(probe, attempts=1, topic_wait_seconds=0)
         except TopicNotFoundError:
             log.warning("eval topic %r does not exist (yet): evaluation skipped", self.topic)
             return None

@@ -189,7 +189,7 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
     cs = settings(
         kafka_bootstrap, topic, client, runtime, group=group_id, mode="group", max_poll_records=20
     )
-    barrier = JoinBarrier(2, settle_s=1.5)
+    barrier = JoinBarrier(2, settle_seconds=1.5)
     hooks = [Recorder(), Recorder()]
     shards = [started(cs, k, 2, hooks=hooks[k], barrier=barrier) for k in range(2)]
     deadline = time.monotonic() + 60

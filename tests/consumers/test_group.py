@@ -15,7 +15,7 @@ class Clock:
 
 def test_the_barrier_releases_when_every_shard_held_one_generation_for_the_settle_time() -> None:
     clock = Clock()
-    barrier = JoinBarrier(3, settle_s=1.5, timeout_s=30.0, clock=clock)
+    barrier = JoinBarrier(3, settle_seconds=1.5, timeout_seconds=30.0, clock=clock)
     assert not barrier.report(0, 4)
     assert not barrier.report(1, 4)
     clock.now += 5
@@ -30,7 +30,7 @@ def test_the_barrier_releases_when_every_shard_held_one_generation_for_the_settl
 
 def test_a_new_generation_restarts_the_settle_time() -> None:
     clock = Clock()
-    barrier = JoinBarrier(2, settle_s=1.0, clock=clock)
+    barrier = JoinBarrier(2, settle_seconds=1.0, clock=clock)
     barrier.report(0, 1)
     barrier.report(1, 1)
     clock.now += 0.9
@@ -43,7 +43,7 @@ def test_a_new_generation_restarts_the_settle_time() -> None:
 
 def test_the_barrier_gives_up_waiting_at_its_deadline() -> None:
     clock = Clock()
-    barrier = JoinBarrier(2, settle_s=1.0, timeout_s=30.0, clock=clock)
+    barrier = JoinBarrier(2, settle_seconds=1.0, timeout_seconds=30.0, clock=clock)
     assert not barrier.report(0, 1)  # the other shard never reports (another worker churns)
     clock.now += 31
     assert barrier.report(0, 1)
@@ -51,7 +51,7 @@ def test_the_barrier_gives_up_waiting_at_its_deadline() -> None:
 
 def test_the_rejoin_watch_nudges_then_gives_up_after_its_limit() -> None:
     clock = Clock()
-    watch = RejoinWatch(stuck_after_s=55.0, nudge_after_s=1.0, clock=clock)
+    watch = RejoinWatch(stuck_after_seconds=55.0, nudge_after_seconds=1.0, clock=clock)
     assert watch.observe(True) == "ok" and not watch.unstable
     assert watch.observe(False) == "ok" and watch.unstable  # the pass is joining, not idle
     clock.now += 0.5

@@ -109,7 +109,7 @@ def _drain(
 ) -> set[tuple[int, int]]:
     """Open the pass's shards, take blocks until ``expected`` records came (or ``timeout``);
     ``midway``: (n, action) runs the action once n records came."""
-    barrier = JoinBarrier(SHARDS, settle_s=1.5)
+    barrier = JoinBarrier(SHARDS, settle_seconds=1.5)
     cls: Any = ProcessShard if runtime == "process" else Shard
     shards = [cls(settings, k, SHARDS, hooks=hooks, barrier=barrier).start() for k in range(SHARDS)]
     seen: set[tuple[int, int]] = set()

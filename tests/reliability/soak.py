@@ -430,7 +430,7 @@ class Soak:
             ends = end_offsets(self.broker.plaintext, self.topic)
             expected = {(p, o) for p, end in ends.items() for o in range(end)}
             produced, acked, failed = producer.sent, producer.acked, producer.failed
-        drain_s = self.drain(expected)
+        drain_seconds = self.drain(expected)
         self.stop_worker("SIGTERM")
         counts = self.trained()
         missing = sorted(expected - counts.keys())
@@ -455,7 +455,7 @@ class Soak:
             "group_at_log_end": self.group_at_log_end(),
             "broker_restarts": sum(n for k, n in self.events.items() if k.startswith("broker")),
             "worker_kills": sum(n for k, n in self.events.items() if k.startswith("worker kills")),
-            "drain_s": round(drain_s, 1),
+            "drain_seconds": round(drain_seconds, 1),
             "longest_stall_s": f"{stalls.longest:.1f} ({stalls.where})",
             "kafka_client": args.kafka_client,
             "brokers": args.brokers,

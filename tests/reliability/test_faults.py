@@ -71,7 +71,7 @@ def test_wait_for_topic_backs_off_between_a_bounded_number_of_attempts() -> None
 
     t0 = time.monotonic()
     with pytest.raises(BrokerUnavailableError) as info:
-        wait_for_topic(settings, attempts=3, first_backoff_s=0.5, stop=Stop())
+        wait_for_topic(settings, attempts=3, first_backoff_seconds=0.5, stop=Stop())
     elapsed = time.monotonic() - t0
     assert sleeps == [0.5, 1.0], sleeps  # exponential backoff between the 3 attempts
     # 3 probes of 0.5 s plus 1.5 s of backoff; never an immediate retry loop.
@@ -89,7 +89,7 @@ def test_stop_ends_the_wait_for_a_broker_at_once() -> None:
     threading.Timer(1.0, stop.set).start()
     t0 = time.monotonic()
     with pytest.raises(BrokerUnavailableError):
-        wait_for_topic(settings, attempts=50, first_backoff_s=30, stop=stop)
+        wait_for_topic(settings, attempts=50, first_backoff_seconds=30, stop=stop)
     assert time.monotonic() - t0 < 5
 
 

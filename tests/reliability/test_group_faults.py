@@ -435,7 +435,7 @@ def test_same_group_instance_id_fences_the_first_worker(
         # The second member takes over the instance id: the first is fenced at its next
         # heartbeat or commit and stops.
         rc_first = first.wait(60)
-        fenced_s = time.monotonic() - joined
+        fenced_seconds = time.monotonic() - joined
         second.wait_for(lambda: second.samples_trained() >= 2000, START_S, "the second training")
     finally:
         sent = producer.stop()
@@ -453,7 +453,7 @@ def test_same_group_instance_id_fences_the_first_worker(
     # kafka-python's heartbeat thread sees the fence within a heartbeat but does not raise it
     # into poll(); the shard learns it from its next (rejected) commit: commit_every_seconds
     # (5 s) after that at most, then the worker stops.
-    assert fenced_s < 15, f"the fenced worker ran on for {fenced_s:.1f}s\n{logs}"
+    assert fenced_seconds < 15, f"the fenced worker ran on for {fenced_seconds:.1f}s\n{logs}"
 
     # Nothing committed after the fence: the broker rejects the fenced member's commits, so
     # the group's offsets never go back to the first worker's (older) position.
@@ -468,7 +468,7 @@ def test_same_group_instance_id_fences_the_first_worker(
     assert not missing, f"records never trained: {summarize(missing)}\n{logs}"
     assert not extra, f"audited records never produced: {summarize(extra)}\n{logs}"
     print(
-        f"fencing: first worker exit {rc_first} {fenced_s:.1f}s after the second joined; "
+        f"fencing: first worker exit {rc_first} {fenced_seconds:.1f}s after the second joined; "
         f"{sent} records, duplicates {extra_copies(union)} (trained by both "
         f"{len(counts['first'].keys() & counts['second'].keys())}); {len(history)} commit samples"
     )

@@ -463,12 +463,12 @@ def test_eval_every_seconds_exports_compiled_metrics_to_prometheus_and_tensorboa
     topic = make_topic(2)
     eval_topic = make_topic(1, prefix="eval")
     produce(kafka_bootstrap, eval_topic, 600, partitions=1, seed=99)
-    every_s = 1.5
+    every_seconds = 1.5
     logdir = tmp_path / "tb"
     port = free_port()
     # The step condition can never be due: every evaluation is triggered by the clock.
     extra = ["--eval-topic", eval_topic, "--eval-every-steps", "1000000"]
-    extra += ["--eval-every-seconds", str(every_s), "--eval-records", "512"]
+    extra += ["--eval-every-seconds", str(every_seconds), "--eval-records", "512"]
     extra += ["--logdir", str(logdir), "--metrics-port", str(port)]
     producer = RateProducer(kafka_bootstrap, topic, rate=2_000)
     producer.start()
@@ -503,8 +503,8 @@ def test_eval_every_seconds_exports_compiled_metrics_to_prometheus_and_tensorboa
     steps = [s for _, s, *_ in evals]
     assert steps == sorted(set(steps)) and steps[0] > 0, f"once per step at most: {steps}"
     gaps = [b[0] - a[0] for a, b in itertools.pairwise(evals)]
-    # Logged at the end of each evaluation; the next one starts every_s after that end.
-    assert min(gaps) >= every_s - 0.01, gaps
+    # Logged at the end of each evaluation; the next one starts every_seconds after that end.
+    assert min(gaps) >= every_seconds - 0.01, gaps
     assert all(n == 512 for *_, n, _ in evals), evals
     for _, _, loss, _, mae in evals:
         # Same records: MAE <= RMSE (up to the log's rounding), positive (the task has noise).
@@ -540,7 +540,7 @@ def test_eval_every_seconds_exports_compiled_metrics_to_prometheus_and_tensorboa
     assert sorted(tb_loss) == sorted(tb_mae) == steps, (tb_loss, tb_mae, steps)
     assert all(abs(tb_mae[s] - m) < 1e-4 for _, s, _, _, m in evals), (tb_mae, evals)
     print(
-        f"eval every {every_s}s: {len(evals)} evaluations at steps {steps}, gaps "
+        f"eval every {every_seconds}s: {len(evals)} evaluations at steps {steps}, gaps "
         f"{min(gaps):.2f}-{max(gaps):.2f}s, loss {evals[0][2]:.4f} -> {evals[-1][2]:.4f}, "
         f"mae {evals[0][4]:.4f} -> {evals[-1][4]:.4f}; sent {producer.sent} records"
     )
