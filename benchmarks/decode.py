@@ -22,7 +22,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from streamer.decode.records import decode_block, encode_record
+from streamer.decode.native import decoder_name
+from streamer.decode.records import decode_block, decode_block_python, encode_record
 from streamer.decode.schema import Feature, Schema
 from streamer.input.simulator import RandomRecords, SimulatorTask
 
@@ -85,7 +86,11 @@ def compare_candidates(block: int, seconds: float, rounds: int) -> dict[str, lis
     width = task.num_features
 
     def ours() -> tuple[np.ndarray, np.ndarray]:
-        out = decode_block(schema, values)
+        out = decode_block(schema, values)  # the compiled fast path where it is built
+        return out.features["x"], out.features["y"]
+
+    def python_reference() -> tuple[np.ndarray, np.ndarray]:
+        out = decode_block_python(schema, values)
         return out.features["x"], out.features["y"]
 
     def msgpack_unpackb() -> tuple[np.ndarray, np.ndarray]:
@@ -114,6 +119,7 @@ def compare_candidates(block: int, seconds: float, rounds: int) -> dict[str, lis
 
     candidates = {
         "ours": ours,
+        "python-reference": python_reference,
         "msgpack-unpackb": msgpack_unpackb,
         "msgspec-struct": msgspec_struct,
     }
@@ -133,13 +139,57 @@ def compare_candidates(block: int, seconds: float, rounds: int) -> dict[str, lis
                 count += 1
             rates[name].append(count * block / elapsed)
     size = sum(map(len, values)) / len(values)
-    print(f"{block} records of {size:,.0f} B per block, {rounds} rounds of {seconds:g}s each")
+    print(
+        f"{block} records of {size:,.0f} B per block, {rounds} rounds of {seconds:g}s each; "
+        f"ours: decoder {decoder_name(schema)}"
+    )
     print(f"{'decoder':<18} {'median rec/s':>14} {'min':>12} {'max':>12} {'x ours':>8}")
     base = statistics.median(rates["ours"])
     for name, got in rates.items():
         med = statistics.median(got)
         print(f"{name:<18} {med:>14,.0f} {min(got):>12,.0f} {max(got):>12,.0f} {med / base:>8.2f}")
     return rates
+
+
+def compare_threads(block: int, seconds: float, rounds: int, threads: int) -> None:
+    """decode_block's records/s on 1..``threads`` threads at once (as the decode map's parallel
+    calls run), for the compiled fast path and the Python reference, alternating: the fast
+    path releases the GIL, so its rate should grow with the threads (up to the cores)."""
+    import concurrent.futures
+
+    task = SimulatorTask()
+    schema = task.schema()
+    values = task.records(block, np.random.default_rng(0), 1024)
+    decoders = {"ours": decode_block, "python-reference": decode_block_python}
+    rates: dict[tuple[str, int], list[float]] = {}
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        for r in range(rounds):
+            for name in list(decoders)[r % 2 :] + list(decoders)[: r % 2]:
+                decode = decoders[name]
+                for k in range(1, threads + 1):
+
+                    def work(decode: object = decode) -> int:
+                        n = 0
+                        end = time.perf_counter() + seconds
+                        while time.perf_counter() < end:
+                            decode(schema, values)  # type: ignore[operator]
+                            n += 1
+                        return n
+
+                    start = time.perf_counter()
+                    done = sum(f.result() for f in [pool.submit(work) for _ in range(k)])
+                    rates.setdefault((name, k), []).append(
+                        done * block / (time.perf_counter() - start)
+                    )
+    print(
+        f"{block} records per block, {rounds} rounds of {seconds:g}s; ours: {decoder_name(schema)}"
+    )
+    print(f"{'decoder':<18} {'threads':>7} {'median rec/s':>14} {'x 1 thread':>10}")
+    for name in decoders:
+        one = statistics.median(rates[name, 1])
+        for k in range(1, threads + 1):
+            med = statistics.median(rates[name, k])
+            print(f"{name:<18} {k:>7} {med:>14,.0f} {med / one:>10.2f}")
 
 
 def main() -> None:
@@ -152,7 +202,16 @@ def main() -> None:
     parser.add_argument(
         "--candidates", action="store_true", help="compare candidate decoders (needs msgspec)"
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=0,
+        help="decode on 1..N threads at once, ours and the Python reference (GIL release)",
+    )
     args = parser.parse_args()
+    if args.threads:
+        compare_threads(args.block, args.seconds, args.rounds, args.threads)
+        return
     if args.candidates:
         compare_candidates(args.block, args.seconds, args.rounds)
         return

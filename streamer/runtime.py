@@ -10,6 +10,7 @@ does it for it (constructors of the parts do none).
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -22,9 +23,10 @@ from streamer.ops.health import Health, MetricsServer
 from streamer.ops.metrics import Metrics
 
 if TYPE_CHECKING:
+    from streamer.decode.schema import Schema
     from streamer.input.deadletter import DeadLetterWriter
 
-__all__ = ["dead_letter_writer", "new_metrics", "serve_metrics", "stream_start"]
+__all__ = ["choose_decoder", "dead_letter_writer", "new_metrics", "serve_metrics", "stream_start"]
 
 log = logging.getLogger("streamer.worker")
 
@@ -44,6 +46,18 @@ def new_metrics(config: WorkerConfig, *, workers: int = 1) -> Metrics:
     )
     metrics.cluster_workers.set(workers)
     return metrics
+
+
+def choose_decoder(config: WorkerConfig, schema: Schema) -> str:
+    """The msgpack decoder of this run (``native`` or ``python``, for the start line), set
+    for this process and the shard child processes it starts (STREAMER_DECODER)."""
+    from streamer.decode.native import decoder_name, why_python
+
+    os.environ["STREAMER_DECODER"] = config.decoder
+    why = why_python(schema)
+    if why is not None:
+        log.info("decoder: the pure-Python reference (%s)", why)
+    return decoder_name(schema)
 
 
 def serve_metrics(config: WorkerConfig, metrics: Metrics, health: Health) -> MetricsServer | None:

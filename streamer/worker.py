@@ -28,7 +28,13 @@ from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
 from streamer.ops.gctune import release_free_memory, tune_gc
 from streamer.ops.tboard import ProfileWindow, TrainingSummaries
-from streamer.runtime import dead_letter_writer, new_metrics, serve_metrics, stream_start
+from streamer.runtime import (
+    choose_decoder,
+    dead_letter_writer,
+    new_metrics,
+    serve_metrics,
+    stream_start,
+)
 from streamer.train.checkpoint import Checkpointer
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import Exporter, serving_inputs
@@ -133,6 +139,7 @@ class Worker(Lifecycle):
         self.metrics = new_metrics(cfg)
         self.server = serve_metrics(cfg, self.metrics, self.health)
         self.schema = self._schema()
+        self.decoder = choose_decoder(cfg, self.schema)
         strategy = choose_strategy()
         with strategy.scope():
             self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
@@ -279,7 +286,12 @@ class Worker(Lifecycle):
         """Passes until a stop condition or signal; the exit code of a clean stop."""
         cfg = self.config
         self._build()
-        log.info("worker %s starting at step %d: %s", cfg.worker_id, self.step, _describe(cfg))
+        log.info(
+            "worker %s starting at step %d: %s",
+            cfg.worker_id,
+            self.step,
+            _describe(cfg, self.decoder),
+        )
         assert self.metrics is not None
         status = self.new_status()
         self.committer = Committer(
@@ -641,16 +653,18 @@ class Worker(Lifecycle):
             self.probe.close()
 
 
-def _describe(cfg: WorkerConfig) -> str:
-    """The start line's settings: the shard runtime and devices as resolved, not as asked."""
+def _describe(cfg: WorkerConfig, decoder: str) -> str:
+    """The start line's settings: the shard runtime, devices and decoder as resolved, not as
+    asked."""
     d = cfg.describe()
+    d["decoder"] = decoder
     if cfg.bootstrap is not None:
         d["shard_runtime"] = resolve_shard_runtime(cfg.shard_runtime, cfg.shards, cfg.kafka_client)
     else:
         d["shard_runtime"] = "thread"  # the embedded simulator's shards are in-process
     d["devices"] = devices_in_use()
     keys = "bootstrap topic group shards shard_runtime devices batch_size checkpoint_dir"
-    keys += " metrics_port"
+    keys += " decoder metrics_port"
     replay = cfg.replay
     if replay is not None:
         d["group"] = replay.group or "(none: no commits)"

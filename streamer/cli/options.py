@@ -32,6 +32,7 @@ ENV_PREFIX = "STREAMER_"
 SimTask = Literal["regression", "recommender"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
 LogFormat = Literal["text", "json"]
+DecoderChoice = Literal["auto", "python"]
 
 
 def option(
@@ -223,6 +224,13 @@ class Options:
     model: str | None = option(
         None,
         "model factory package.module:function (gets the schema); unset = the built-in MLP",
+        group="training",
+    )
+    decoder: DecoderChoice = option(
+        "auto",
+        "msgpack decoder: auto (the compiled fast path, the GIL released, where it is built and "
+        "every feature is a fixed-shape number; the pure-Python reference decides every other "
+        "record, with the same results) or python (the reference alone)",
         group="training",
     )
     max_reject_fraction: float = option(

@@ -52,7 +52,13 @@ from streamer.input.source import StreamSource
 from streamer.input.stream_position import StreamPosition
 from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
-from streamer.runtime import dead_letter_writer, new_metrics, serve_metrics, stream_start
+from streamer.runtime import (
+    choose_decoder,
+    dead_letter_writer,
+    new_metrics,
+    serve_metrics,
+    stream_start,
+)
 from streamer.train.checkpoint import Checkpointer
 from streamer.train.model import load_model
 
@@ -186,6 +192,7 @@ class DistributedWorker(Lifecycle):
         if cfg.seed is not None:
             tf.keras.utils.set_random_seed(cfg.seed)
         self.schema = cfg.load_schema()
+        self.decoder = choose_decoder(cfg, self.schema)
         with strategy.scope():
             self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
         self.steps = ClusterStep(strategy, self.bundle, topo, jit_compile=cfg.jit_compile)
@@ -356,7 +363,7 @@ class DistributedWorker(Lifecycle):
             self.topology.count,
             "yes" if self.topology.chief else "no",
             ",".join(map(str, self.partitions)),
-            _describe(cfg),
+            _describe(cfg, self.decoder),
         )
         reason = self._loop()
         if self.source is not None and self.source.reject_limit is not None:
@@ -599,7 +606,8 @@ class DistributedWorker(Lifecycle):
             source.close()
 
 
-def _describe(cfg: WorkerConfig) -> str:
-    d = cfg.describe()
-    keys = "bootstrap topic group shards batch_size pad_after_seconds checkpoint_dir metrics_port"
+def _describe(cfg: WorkerConfig, decoder: str) -> str:
+    d = {**cfg.describe(), "decoder": decoder}
+    keys = "bootstrap topic group shards batch_size pad_after_seconds checkpoint_dir decoder"
+    keys += " metrics_port"
     return " ".join(f"{k}={d[k]}" for k in keys.split())

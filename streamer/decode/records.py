@@ -81,6 +81,7 @@ __all__ = [
     "RaggedColumn",
     "Reason",
     "decode_block",
+    "decode_block_python",
     "encode_record",
     "explain_reject",
     "prepare_block",
@@ -329,6 +330,48 @@ def _assemble(fp: FeaturePlan, column: list[Any], mixed: bool, n: int) -> Column
 
 def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock:
     """Decode a block of msgpack records; each record decodes whole or is rejected.
+
+    The compiled fast path (``streamer.decode.native``) takes the records it is sure of, the
+    GIL released; the reference (``decode_block_python``) decides every other one. The result
+    is the reference's, record for record.
+
+    >>> from streamer.decode.schema import Feature, Schema
+    >>> s = Schema((Feature("x", "float32", (2,)), Feature("y", "int64")), label="y")
+    >>> good = encode_record(s, {"x": np.array([1, 2], np.float32), "y": 3})
+    >>> block = decode_block(s, [good, b"\\xc1", good[:-1], good])
+    >>> block.features["x"].tolist(), block.kept.tolist(), block.rejected
+    ([[1.0, 2.0], [1.0, 2.0]], [0, 3], [(1, 'format'), (2, 'truncated')])
+    """
+    from streamer.decode.native import native_plan
+
+    plan = native_plan(schema)
+    if plan is None or not len(values):
+        return decode_block_python(schema, values)
+    taken, columns = plan.decode(values)
+    if taken.all():
+        return DecodedBlock(dict(columns), np.arange(len(values), dtype=np.int64), [])
+    # The records the fast path left: the reference decides them (a caller's bug, a value
+    # that is not bytes, is still named by its index in ``values``).
+    rest = np.flatnonzero(~taken)
+    ref = decode_block_python(schema, [_as_bytes(int(i), values[int(i)]) for i in rest])
+    fast = np.flatnonzero(taken)
+    slow = rest[ref.kept]
+    rejected = [(int(rest[i]), reason) for i, reason in ref.rejected]
+    features: dict[str, Column] = {}
+    if not len(slow):
+        features = {name: column[fast] for name, column in columns.items()}
+        return DecodedBlock(features, fast.astype(np.int64), rejected)
+    rows = np.concatenate([fast, slow])
+    order = np.argsort(rows, kind="stable")
+    for name, column in columns.items():
+        theirs = ref.features[name]
+        assert isinstance(theirs, np.ndarray)  # fixed-shape numbers only reach the fast path
+        features[name] = np.concatenate([column[fast], theirs])[order]
+    return DecodedBlock(features, rows[order].astype(np.int64), rejected)
+
+
+def decode_block_python(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock:
+    """The reference decoder, pure Python: each record decodes whole or is rejected.
 
     >>> from streamer.decode.schema import Feature, Schema
     >>> s = Schema((Feature("x", "float32", (2,)), Feature("y", "int64")), label="y")

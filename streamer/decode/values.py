@@ -308,7 +308,7 @@ def cast(fp: FeaturePlan, arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
         if int(arr.min()) < fp.lo or int(arr.max()) > fp.hi:
             raise Rejected("dtype")
         return arr.astype(fp.dtype)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # NaN stays NaN: checked after
         out = arr.astype(fp.dtype)
     if np.isinf(out).any() and (np.isinf(out) & np.isfinite(arr)).any():
         raise Rejected("dtype")

@@ -14,7 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from streamer.decode.records import REASONS, DecodedBlock, RaggedColumn, decode_block, encode_record
+from streamer.decode.records import (
+    REASONS,
+    DecodedBlock,
+    RaggedColumn,
+    decode_block,
+    decode_block_python,
+    encode_record,
+)
 from streamer.decode.schema import ALLOWED_DTYPES, Feature, Schema
 
 SCHEMA = Schema(
@@ -225,7 +232,7 @@ def test_a_bug_in_the_decoder_is_not_turned_into_a_rejection(
 
     monkeypatch.setattr(streamer.decode.records, "_convert", broken)
     with pytest.raises(KeyError, match="bug"):
-        decode_block(SCHEMA, [_good(0)])
+        decode_block_python(SCHEMA, [_good(0)])
 
 
 def test_non_bytes_value_is_a_caller_bug() -> None:
