@@ -53,7 +53,10 @@ def choose_decoder(config: WorkerConfig, schema: Schema) -> str:
     for this process and the shard child processes it starts (STREAMER_DECODER)."""
     from streamer.decode.native import decoder_name, why_python
 
-    os.environ["STREAMER_DECODER"] = config.decoder
+    if config.decoder == "auto":
+        os.environ.pop("STREAMER_DECODER", None)  # the default: nothing to hand down
+    else:
+        os.environ["STREAMER_DECODER"] = config.decoder
     why = why_python(schema)
     if why is not None:
         log.info("decoder: the pure-Python reference (%s)", why)
