@@ -4,6 +4,7 @@ the simulator's config; the metrics server on a free loopback port)."""
 from __future__ import annotations
 
 import logging
+import os
 import urllib.request
 
 import pytest
@@ -57,3 +58,19 @@ def test_no_dead_letter_topic_no_writer_and_no_broker_asked() -> None:
     consumer = ConsumerSettings(bootstrap_servers="127.0.0.1:1", topic="t")  # never dialled
     metrics = new_metrics(config)
     assert dead_letter_writer(config, consumer, 2, OffsetTracker(), metrics) is None
+
+
+def test_choose_decoder_names_it_and_hands_python_down_to_shard_children(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from streamer.decode import native
+    from streamer.input.simulator import SimulatorTask
+    from streamer.runtime import choose_decoder
+
+    schema = SimulatorTask().schema()
+    monkeypatch.delenv("STREAMER_DECODER", raising=False)
+    assert choose_decoder(load_config({"decoder": "python"}, env={}), schema) == "python"
+    assert os.environ["STREAMER_DECODER"] == "python"  # a child process inherits it
+    want = "native" if native.AVAILABLE else "python"
+    assert choose_decoder(load_config({}, env={}), schema) == want
+    assert "STREAMER_DECODER" not in os.environ
