@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import statistics
 import sys
 import time
@@ -139,6 +140,15 @@ class BenchResult:
                 out[f"ratio_{scaled.replace('-', '_')}_2_to_1_shards"] = (
                     med[f"{scaled}@2"] / med[f"{scaled}@1"]
                 )
+        # Each mode with the default decoder against the same mode with the reference alone.
+        by_decoder = {
+            mode: med[mode] / rate
+            for key, rate in med.items()
+            for mode, _, decoder in [key.partition("/")]
+            if decoder == "python" and mode in med
+        }
+        if by_decoder:
+            out["ratio_auto_to_python_decoder"] = by_decoder
         if self.freshness:
             out["freshness"] = self.freshness
         if self.task is not None:
@@ -579,6 +589,7 @@ def run_bench(
     freshness_rates: tuple[float, ...] = (),
     freshness_seconds: float = 20.0,
     freshness_clients: tuple[str, ...] = ("kafka-python", "confluent"),
+    decoders: tuple[str, ...] = ("auto",),
 ) -> BenchResult:
     """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times.
 
@@ -589,6 +600,9 @@ def run_bench(
     topic (padded to ``record_bytes`` when it is not 0) and a second topic gets regression
     records of the same mean size (the fixed-shape baseline); every mode (``SCHEMA_MODES``
     only) runs on both, alternating, as ``mode`` and ``fixed:mode``. One codec then.
+
+    With several ``decoders`` (``--decoder`` values: auto, python), every mode runs with each,
+    alternating; a decoder other than auto is the key's suffix (``pipeline@2/python``).
     """
     out = progress or sys.stderr
     import tensorflow  # noqa: F401  (imported before the GC settings, as in the worker)
@@ -664,6 +678,12 @@ def run_bench(
             # Each mode right after its baseline: the two see the same state of the machine.
             plan.append((FIXED + mode, baseline, runner(mode, None)))
             plan.append((mode, first, runner(mode, schema)))
+    if decoders != ("auto",):
+        plan = [
+            (key if decoder == "auto" else f"{key}/{decoder}", name, run)
+            for key, name, run in plan
+            for decoder in decoders
+        ]
     parts_of = {name: _partitions(bootstrap, name) for _, name, _ in plan}
     for r in range(repeats):
         # Rotate the order every repeat so that drift on a shared machine cancels out.
@@ -673,7 +693,12 @@ def run_bench(
         if paired and r % 2:  # and which of a pair goes first
             order = [m for i in range(0, len(order), 2) for m in (order[i + 1], order[i])]
         for key, name, run in order:
-            n_shards = int(key.partition("@")[2] or shards)  # pipeline-process@2: 2 shards
+            mode, _, decoder = key.partition("/")
+            n_shards = int(mode.partition("@")[2] or shards)  # pipeline-process@2: 2 shards
+            if decoder:  # read by the decode map here and in shard children (inherited)
+                os.environ["STREAMER_DECODER"] = decoder
+            else:
+                os.environ.pop("STREAMER_DECODER", None)
             value = run(_settings(bootstrap, name, parts_of[name], n_shards))
             if key.removeprefix(FIXED).startswith("worker"):
                 rate, wait = value
@@ -733,6 +758,8 @@ def format_table(summary: dict[str, Any]) -> str:
     ):
         if key in summary:
             lines.append(f"{key}: {summary[key]:.2f}")
+    for mode, ratio in summary.get("ratio_auto_to_python_decoder", {}).items():
+        lines.append(f"{mode}: decoder auto / python {ratio:.2f}")
     for codec, ratios in summary.get("ratio_to_first_codec", {}).items():
         text = ", ".join(f"{mode} {ratio:.2f}" for mode, ratio in ratios.items())
         lines.append(f"{codec} / {summary['compression'][0]}: {text}")

@@ -489,6 +489,14 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "TensorFlow-only ceilings over the same records, alternating",
     )
     bench.add_argument(
+        "--decoders",
+        default="auto",
+        metavar="D1,D2",
+        help="measure every mode with each of these --decoder values, alternating: auto (the "
+        "compiled fast path where it takes the schema), python (the reference alone); a mode "
+        "with a decoder other than auto is named mode/decoder [default: auto]",
+    )
+    bench.add_argument(
         "--freshness-rates",
         default="",
         metavar="R1,R2",
@@ -573,6 +581,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError("compression", args.compression, "one codec with --topic")
     if task is not None and len(codecs) > 1:
         raise ConfigError("compression", args.compression, "one codec with --schema or --task")
+    decoders = tuple(d.strip().lower() for d in args.decoders.split(",") if d.strip())
+    if not decoders or len(set(decoders)) != len(decoders) or set(decoders) - {"auto", "python"}:
+        raise ConfigError("decoders", args.decoders, "auto and/or python, comma-separated")
     result = run_bench(
         args.bootstrap,
         records=args.records,
@@ -589,6 +600,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         task_name=task_name,
         freshness_rates=rates,
         freshness_seconds=args.freshness_seconds,
+        decoders=decoders,
     )
     summary = result.summary()
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
