@@ -164,10 +164,12 @@ def test_bench_schema_measures_it_beside_fixed_shape_records(
 
 @pytest.mark.timeout(300)
 def test_bench_scaling_modes_ceilings_and_freshness(kafka_bootstrap: str) -> None:
-    """mode@N runs N shards; the decode-only and TensorFlow-only ceilings; freshness quantiles."""
+    """mode@N runs N shards; the decode-only and TensorFlow-only ceilings; each mode with each
+    decoder; freshness quantiles."""
     args = ["--bootstrap", kafka_bootstrap, "--records", "1500", "--repeats", "1", "--json"]
     args += ["--modes", "pipeline@1,pipeline-process@2,decode-only,tf-only"]
     args += ["--freshness-rates", "1000", "--freshness-seconds", "3"]
+    args += ["--decoders", "auto,python"]
     proc = subprocess.run(
         [sys.executable, "-m", "streamer.cli", "bench", *args],
         capture_output=True,
@@ -177,8 +179,10 @@ def test_bench_scaling_modes_ceilings_and_freshness(kafka_bootstrap: str) -> Non
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
-    assert set(out["modes"]) == {"pipeline@1", "pipeline-process@2", "decode-only", "tf-only"}
+    modes = {"pipeline@1", "pipeline-process@2", "decode-only", "tf-only"}
+    assert set(out["modes"]) == modes | {f"{m}/python" for m in modes}
     assert all(m["records_per_second_median"] > 0 for m in out["modes"].values()), out
+    assert set(out["ratio_auto_to_python_decoder"]) == modes
     clients = {q["client"] for q in out["freshness"]}
     assert clients == {"kafka-python", "confluent"}
     for q in out["freshness"]:
