@@ -15,9 +15,10 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from consumers.settings import ConsumerSettings, KafkaClient
+from consumers.settings import ConsumerSettings, KafkaClient, SecuritySettings
 
 if TYPE_CHECKING:
+    from streamer.cli.config import WorkerConfig
     from streamer.decode.schema import Schema
     from streamer.input.simulator import Task
 
@@ -177,6 +178,27 @@ class BenchResult:
         return out
 
 
+#: The SASL/TLS settings of this run (``run_bench``'s ``security``): every client of the
+#: benchmark uses them, so it measures a secured cluster as the worker reads it.
+_security = SecuritySettings()
+
+
+def _secured(cfg: WorkerConfig) -> WorkerConfig:
+    """A worker config of the benchmark with this run's SASL/TLS settings."""
+    s = _security
+    return dataclasses.replace(
+        cfg,
+        security_protocol=s.security_protocol,
+        sasl_mechanism=s.sasl_mechanism,
+        sasl_username=s.sasl_plain_username,
+        sasl_password=s.sasl_plain_password,
+        ssl_cafile=s.ssl_cafile,
+        ssl_certfile=s.ssl_certfile,
+        ssl_keyfile=s.ssl_keyfile,
+        ssl_password=s.ssl_password,
+    )
+
+
 def _fill(
     bootstrap: str,
     topic: str,
@@ -197,6 +219,7 @@ def _fill(
         progress=None,
         compression=compression,
         task=task,
+        security=_security,
     )
 
 
@@ -208,7 +231,7 @@ def _mean_record_bytes(task: Task) -> int:
 def _partitions(bootstrap: str, topic: str) -> list[int]:
     from consumers.admin import wait_for_topic
 
-    settings = ConsumerSettings(bootstrap_servers=bootstrap, topic=topic)
+    settings = ConsumerSettings(bootstrap_servers=bootstrap, topic=topic, security=_security)
     return wait_for_topic(settings, attempts=2, topic_wait_seconds=0)
 
 
@@ -224,6 +247,7 @@ def _settings(
         partitions=tuple(parts),
         num_shards=shards,
         worker_id=f"bench-{uuid.uuid4().hex[:6]}",
+        security=_security,
     )
 
 
@@ -345,7 +369,7 @@ def bench_worker(
         },
         env={},
     )
-    worker = Worker(cfg)
+    worker = Worker(_secured(cfg))
     worker.run()
     assert worker.metrics is not None
     reg = worker.metrics.registry
@@ -456,7 +480,7 @@ def bench_freshness(
     from streamer.worker import Worker
 
     topic = f"bench-fresh-{uuid.uuid4().hex[:8]}"
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap, **_security.kafka_config())
     spec = {"num_partitions": max(2, shards), "replication_factor": 1}
     admin.create_topics({topic: spec}, wait_for_metadata=True)
     admin.close()
@@ -474,11 +498,19 @@ def bench_freshness(
         },
         env={},
     )
-    worker = Worker(cfg)
+    worker = Worker(_secured(cfg))
     runner = threading.Thread(target=worker.run, name="bench-worker", daemon=True)
     runner.start()
     time.sleep(6)  # joined and ready: only live records are measured
-    produce(bootstrap, topic, int(rate * seconds), partitions=None, rate=rate, record_bytes=1024)
+    produce(
+        bootstrap,
+        topic,
+        int(rate * seconds),
+        partitions=None,
+        rate=rate,
+        record_bytes=1024,
+        security=_security,
+    )
     time.sleep(1.0)
     # The steady state, as the producer stops: the records of the last partial batch wait for
     # the end of the pass (the idle timeout), which no live stream has.
@@ -590,6 +622,7 @@ def run_bench(
     freshness_seconds: float = 20.0,
     freshness_clients: tuple[str, ...] = ("kafka-python", "confluent"),
     decoders: tuple[str, ...] = ("auto",),
+    security: SecuritySettings | None = None,
 ) -> BenchResult:
     """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times.
 
@@ -604,6 +637,8 @@ def run_bench(
     With several ``decoders`` (``--decoder`` values: auto, python), every mode runs with each,
     alternating; a decoder other than auto is the key's suffix (``pipeline@2/python``).
     """
+    global _security
+    _security = security or SecuritySettings()
     out = progress or sys.stderr
     import tensorflow  # noqa: F401  (imported before the GC settings, as in the worker)
 

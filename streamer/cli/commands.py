@@ -410,7 +410,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
             "with the default model). Prints a table, or JSON with --json."
         ),
     )
-    bench.add_argument("--bootstrap", required=True, help="Kafka bootstrap servers host:port")
+    add_run_arguments(bench, _CONNECTION_HELPS, only=CONNECTION_OPTIONS)
     bench.add_argument(
         "--records", type=int, default=100_000, help="records in the topic [default: 100000]"
     )
@@ -584,8 +584,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     decoders = tuple(d.strip().lower() for d in args.decoders.split(",") if d.strip())
     if not decoders or len(set(decoders)) != len(decoders) or set(decoders) - {"auto", "python"}:
         raise ConfigError("decoders", args.decoders, "auto and/or python, comma-separated")
+    bootstrap, security = _connection(args)
     result = run_bench(
-        args.bootstrap,
+        bootstrap,
         records=args.records,
         record_bytes=record_bytes,
         shards=args.shards,
@@ -601,6 +602,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         freshness_rates=rates,
         freshness_seconds=args.freshness_seconds,
         decoders=decoders,
+        security=security,
     )
     summary = result.summary()
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
