@@ -15,7 +15,7 @@
  *   values:   a sequence of bytes (anything else is left to the reference)
  *   status:   bytearray, one byte per record: 1 decoded here, 0 for the reference
  *   columns:  one bytearray per feature, count * itemsize bytes per record, little-endian
- *             (rows of records left to the reference hold zeros)
+ *             (only the rows of records taken here are meaningful)
  *
  * The records are parsed without the GIL: the values are held by a tuple of our own, and
  * the outputs are fresh bytearrays no one else sees until we return.
@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define MAX_FEATURES 256
+#define MAX_FEATURES 64 /* a record holds every feature: at most MAX_KEYS */
 #define MAX_KEYS 64
 
 typedef struct {
@@ -419,7 +419,7 @@ static PyObject *decode(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t nf = PyTuple_GET_SIZE(spec);
     if (nf < 1 || nf > MAX_FEATURES) {
-        PyErr_SetString(PyExc_ValueError, "decode: 1 to 256 features");
+        PyErr_SetString(PyExc_ValueError, "decode: 1 to 64 features");
         return NULL;
     }
     PyObject *values = PySequence_Tuple(values_obj); /* ours: no one mutates it meanwhile */
@@ -446,12 +446,15 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_ValueError, "decode: unsupported feature %zd", i);
             goto fail;
         }
-        Py_ssize_t size = n * f->count * f->itemsize;
-        PyObject *column = PyByteArray_FromStringAndSize(NULL, size);
+        Py_ssize_t row = f->count * f->itemsize;
+        if (f->count > PY_SSIZE_T_MAX / f->itemsize || (n && row > PY_SSIZE_T_MAX / n)) {
+            PyErr_Format(PyExc_OverflowError, "decode: feature %zd's column is too large", i);
+            goto fail;
+        }
+        PyObject *column = PyByteArray_FromStringAndSize(NULL, n * row);
         if (column == NULL) goto fail;
         PyList_SET_ITEM(columns, i, column);
         f->out = PyByteArray_AS_STRING(column);
-        memset(f->out, 0, (size_t)size);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v = PyTuple_GET_ITEM(values, i);

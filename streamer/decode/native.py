@@ -42,6 +42,9 @@ if _native is not None and not AVAILABLE:
     NOT_AVAILABLE_WHY = "the compiled decoder writes little-endian columns; this host is not"
 
 _KINDS = {"b": "b", "i": "i", "u": "u", "f": "f"}
+#: The most keys a record the C decoder takes may hold (MAX_KEYS in _native.c): a schema with
+#: more features than that is the reference's.
+_MAX_KEYS = 64
 
 
 def _enabled() -> bool:
@@ -86,7 +89,7 @@ class NativePlan:
 
     def decode(self, values: Sequence[Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """``(taken, columns)``: which records the C decoder took (a bool per record) and
-        each feature's column over every record (rows not taken hold zeros)."""
+        each feature's column over every record (only the rows taken are meaningful)."""
         assert _native is not None
         status, buffers = _native.decode(self.spec, self.limits, values)
         n = len(status)
@@ -108,7 +111,7 @@ def _supported(schema: Schema) -> bool:
             return False
         if f.size < 1 or f.dtype.byteorder == ">":
             return False
-    return 1 <= len(schema.features) <= 256
+    return 1 <= len(schema.features) <= _MAX_KEYS
 
 
 @functools.lru_cache(maxsize=32)

@@ -188,7 +188,11 @@ def scalar(fp: FeaturePlan, value: Any) -> Any:
         raise Rejected("dtype")
     fmax = fp.fmax
     if fmax is not None and not -fmax <= value <= fmax and (kind is int or math.isfinite(value)):
-        raise Rejected("dtype")
+        # Beyond the dtype's largest value: refused when it would become inf, as in a list
+        # (``cast``); one that rounds to the largest value is taken, rounded.
+        with np.errstate(over="ignore"):
+            if math.isinf(fp.dtype.type(float(value))):
+                raise Rejected("dtype")
     return value
 
 

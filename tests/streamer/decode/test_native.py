@@ -344,3 +344,14 @@ def test_it_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native.native_plan(SIMULATOR) is None
     assert native.decoder_name(SIMULATOR) == "python"
     assert native.why_python(SIMULATOR) == "--decoder python (STREAMER_DECODER)"
+
+
+@needs_native
+def test_a_schema_of_more_features_than_a_taken_record_may_hold_keys_is_the_references() -> None:
+    many = Schema(tuple(Feature(f"f{i}", "int8") for i in range(65)))
+    assert native.native_plan(many) is None
+    some = Schema(tuple(Feature(f"f{i}", "int8") for i in range(64)))
+    plan = native.native_plan(some)
+    assert plan is not None
+    taken, _ = plan.decode([msgpack.packb({f"f{i}": i for i in range(64)})])
+    assert taken.tolist() == [True]

@@ -1096,3 +1096,21 @@ def test_explain_reject_names_the_feature_expected_and_found() -> None:
     assert explain_reject(schema, b"\xc1").startswith("format: ")
     assert explain_reject(schema, None).startswith("truncated: ")
     assert explain_reject(schema, _pack(ok)) == "accepted"
+
+
+def test_a_float_just_beyond_the_dtype_is_the_same_as_a_scalar_and_in_a_list() -> None:
+    """Refused when it would become inf, in every encoding; one that rounds to the largest
+    value is taken, rounded (a scalar was refused and the same value in a list taken)."""
+    top = float(np.finfo(np.float32).max)
+    rounds_down = float(np.nextafter(top, np.inf))  # float64: just above, rounds to top
+    scalar = Schema((Feature("a", "float32"),))
+    vector = Schema((Feature("a", "float32", (1,)),))
+    for value, kept in ((rounds_down, True), (3.4028236e38, False), (-1e39, False)):
+        one = decode_block(scalar, [_pack({"a": value})])
+        listed = decode_block(vector, [_pack({"a": [value]})])
+        assert len(one) == len(listed) == int(kept), value
+        if kept:
+            assert one.features["a"].tolist() == [top]
+            assert listed.features["a"].tolist() == [[top]]
+        else:
+            assert one.rejected == listed.rejected == [(0, "dtype")]
