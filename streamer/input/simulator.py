@@ -429,7 +429,7 @@ def produce(
     compression: str | None = None,
 ) -> int:
     """Create ``topic`` if missing and produce ``records`` records of ``task`` (None: until
-    interrupted); returns the count sent.
+    interrupted); returns the count the broker acknowledged.
 
     ``partitions``: of a topic it creates (None: 4); a topic that exists with another count
     is used as it is, with a warning. Progress: a live line on a terminal (``progress``, or
@@ -492,6 +492,12 @@ def produce(
     show = progress if progress is not None else (sys.stderr if sys.stderr.isatty() else None)
     t0 = time.monotonic()
     sent = 0
+    delivered = 0  # acknowledged by the broker: what the summary and the return value say
+
+    def acked(_metadata: object) -> None:  # on the producer's I/O thread only
+        nonlocal delivered
+        delivered += 1
+
     chunk = 1000
     logged = drawn = t0
     interrupted = False
@@ -505,8 +511,8 @@ def produce(
                     time.sleep(wait)
                 n = min(n, max(1, int(rate / 10)))
             for value in task.records(n, rng, record_bytes):
-                producer.send(topic, value=value)
-            sent += n
+                producer.send(topic, value=value).add_callback(acked)
+                sent += 1  # a Ctrl-C may land mid-block
             now = time.monotonic()
             if show is not None and now - drawn >= 0.2:
                 drawn = now
@@ -525,15 +531,16 @@ def produce(
     finally:
         producer.close(timeout=10 if interrupted else 30)  # sends what it holds first
         if show is not None:
-            _progress(show, sent, records, t0)
+            _progress(show, delivered, records, t0)
             show.write("\n")
         took = time.monotonic() - t0
         log.info(
-            "%sproduced %s records to %s in %.1fs (%.0f/s)",
+            "%sproduced %s records to %s in %.1fs (%.0f/s)%s",
             "interrupted (Ctrl-C): " if interrupted else "",
-            f"{sent:,}",
+            f"{delivered:,}",
             topic,
             took,
-            sent / max(took, 1e-6),
+            delivered / max(took, 1e-6),
+            f"; {sent - delivered:,} sent were not acknowledged" if sent > delivered else "",
         )
-    return sent
+    return delivered
