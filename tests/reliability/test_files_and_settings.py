@@ -93,11 +93,9 @@ def test_exports_prune_only_their_own_versions_and_the_metrics_server_caps_conne
 @pytest.mark.parametrize(
     ("where", "setting", "named"),
     [
-        ("toml", "topic = 5", "topic"),
+        # One per source (unit tests in tests/streamer/cli/test_config.py take every type).
         ("toml", "partitions = [1.9, 0.2]", "partitions"),
-        ("toml", "shards = 2.7", "shards"),
         ("env", "STREAMER_LEARNING_RATE=nan", "learning_rate"),
-        ("env", "STREAMER_IDLE_TIMEOUT=inf", "idle_timeout"),
         ("flag", "--shards=2.7", "shards"),
     ],
 )
