@@ -212,6 +212,28 @@ def test_simulate_tells_the_truth_off_a_terminal_and_on_ctrl_c(
     assert "Traceback" not in err and "of 4,611" not in err, err
 
 
+@pytest.mark.kafka
+@pytest.mark.timeout(240)
+def test_a_missing_topic_is_one_clear_error_for_the_operations_tools(kafka_bootstrap: str) -> None:
+    """lag, reset-group and replay: exit 1 at once, one line naming the topic and the fix.
+    (``run`` waits for its topic by design: not ready until it exists, README "Reliability".)"""
+    missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
+    env = {"STREAMER_BOOTSTRAP": kafka_bootstrap}
+    for command in (
+        ["lag", "--group", "g", "--topic", missing],
+        ["reset-group", "--group", "g", "--topic", missing, "--to", "latest"],
+        ["replay", "--topic", missing, "--from", "earliest", "--to", "latest"],
+    ):
+        t0 = time.monotonic()
+        out = streamer(*command, env=env, timeout=120)
+        elapsed = time.monotonic() - t0
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert out.returncode == 1, (command[0], out.stderr)
+        assert f"topic '{missing}' does not exist; create it or fix --topic" in out.stderr
+        assert "Traceback" not in out.stderr and len(lines) <= 2, (command[0], out.stderr)
+        assert elapsed < 60, (command[0], elapsed)
+
+
 def test_replay_help_lists_only_what_replay_uses() -> None:
     help_text = streamer("replay", "--help", timeout=60).stdout
     for used in ("--from", "--to", "--checkpoint-dir", "--bootstrap", "--batch-size"):

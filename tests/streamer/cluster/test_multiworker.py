@@ -588,6 +588,10 @@ def test_ctrl_c_to_launch_is_one_coordinated_clean_stop(
              for i in (0, 1)]  # fmt: skip
     assert all(stops), text[-4000:]
     assert stops[0].group(2) == stops[1].group(2)  # type: ignore[union-attr]
+    # Each worker's final frame counts the commits it made (it read commits=0 after launch).
+    for i in (0, 1):
+        final = [x for x in text.splitlines() if x.startswith(f"[w{i}] ") and "(final:" in x]
+        assert final and int(re.findall(r"commits=(\d+)", final[-1])[0]) >= 1, text[-4000:]
     step, offsets = latest_checkpoint(ckpt)
     assert step == int(stops[0].group(2))  # type: ignore[union-attr]
     assert committed_offsets(kafka_bootstrap, group_id, topic) == offsets
