@@ -207,21 +207,22 @@ static int read_number(reader_t *r, number_t *num) {
     return 1;
 }
 
-/* An array header at r->p: its length; 1 ok, 0 not one. */
-static int read_array_header(reader_t *r, size_t *len) {
+/* A container header at r->p: fix types `fix` (0x90 array, 0x80 map, 16 of them), then the
+ * 16- and 32-bit forms `t16`, `t32`; its length. 1 ok, 0 not one. */
+static int read_header(reader_t *r, uint8_t fix, uint8_t t16, uint8_t t32, size_t *len) {
     if (!need(r, 1)) return 0;
     uint8_t t = *r->p;
-    if ((t & 0xf0) == 0x90) {
+    if ((t & 0xf0) == fix) {
         *len = t & 0x0f;
         r->p += 1;
         return 1;
     }
-    if (t == 0xdc && need(r, 3)) {
+    if (t == t16 && need(r, 3)) {
         *len = (size_t)be(r->p + 1, 2);
         r->p += 3;
         return 1;
     }
-    if (t == 0xdd && need(r, 5)) {
+    if (t == t32 && need(r, 5)) {
         *len = (size_t)be(r->p + 1, 4);
         r->p += 5;
         return 1;
@@ -229,27 +230,8 @@ static int read_array_header(reader_t *r, size_t *len) {
     return 0;
 }
 
-/* A map header at r->p: its length; 1 ok, 0 not one. */
-static int read_map_header(reader_t *r, size_t *len) {
-    if (!need(r, 1)) return 0;
-    uint8_t t = *r->p;
-    if ((t & 0xf0) == 0x80) {
-        *len = t & 0x0f;
-        r->p += 1;
-        return 1;
-    }
-    if (t == 0xde && need(r, 3)) {
-        *len = (size_t)be(r->p + 1, 2);
-        r->p += 3;
-        return 1;
-    }
-    if (t == 0xdf && need(r, 5)) {
-        *len = (size_t)be(r->p + 1, 4);
-        r->p += 5;
-        return 1;
-    }
-    return 0;
-}
+static int read_array_header(reader_t *r, size_t *len) { return read_header(r, 0x90, 0xdc, 0xdd, len); }
+static int read_map_header(reader_t *r, size_t *len) { return read_header(r, 0x80, 0xde, 0xdf, len); }
 
 /* The value of a key that is not a feature: skipped when it is a scalar the reference takes
  * as it is (nil, bool, a number, valid UTF-8 str, bin); 0 for anything else. */

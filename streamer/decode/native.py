@@ -41,7 +41,8 @@ AVAILABLE: bool = _native is not None and sys.byteorder == "little"
 if _native is not None and not AVAILABLE:
     NOT_AVAILABLE_WHY = "the compiled decoder writes little-endian columns; this host is not"
 
-_KINDS = {"b": "b", "i": "i", "u": "u", "f": "f"}
+#: The dtype kinds the C decoder takes (numpy's letters: bool, signed, unsigned, float).
+_KINDS = "biuf"
 #: The most keys a record the C decoder takes may hold (MAX_KEYS in _native.c): a schema with
 #: more features than that is the reference's.
 _MAX_KEYS = 64
@@ -77,7 +78,7 @@ class NativePlan:
         self.dtypes = tuple(f.dtype for f in schema.features)
         self.shapes = tuple(f.shape for f in schema.features)
         self.spec = tuple(
-            (f.name.encode(), _KINDS[f.dtype.kind], f.dtype.itemsize, f.size, len(f.shape))
+            (f.name.encode(), f.dtype.kind, f.dtype.itemsize, f.size, len(f.shape))
             for f in schema.features
         )
         self.limits = (

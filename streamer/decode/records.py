@@ -53,6 +53,7 @@ import msgpack
 import numpy as np
 import numpy.typing as npt
 
+from streamer.decode.native import native_plan
 from streamer.decode.ragged import Column, RaggedColumn, mask_rows
 from streamer.decode.schema import Schema
 from streamer.decode.values import (
@@ -342,8 +343,6 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
     >>> block.features["x"].tolist(), block.kept.tolist(), block.rejected
     ([[1.0, 2.0], [1.0, 2.0]], [0, 3], [(1, 'format'), (2, 'truncated')])
     """
-    from streamer.decode.native import native_plan
-
     plan = native_plan(schema)
     if plan is None or not len(values):
         return decode_block_python(schema, values)
