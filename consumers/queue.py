@@ -58,8 +58,19 @@ class BlockQueue:
         resume costs a fetch round trip, confluent-kafka waits about 1 s before fetching)."""
         return len(self._blocks) <= self.max_blocks // 2
 
+    def wait_for_room(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until the queue is not ``full``; True when it is not."""
+        deadline = time.monotonic() + timeout
+        with self.lock:
+            while self.full:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self.lock.wait(remaining)
+            return True
+
     def put(self, block: RecordBlock) -> None:
-        """Append a block (never blocks: the producer side pauses its input when ``full``)."""
+        """Append a block (never blocks: the producer side holds or pauses when ``full``)."""
         with self.lock:
             self._blocks.append(block)
             self._records += len(block)

@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 ClientFactory = Callable[[ConsumerSettings, int], ConsumerClient]
 
 _MISSING_TOPIC_LOG_S = 30.0
+#: How long a full queue holds the poller before it pauses its partitions (see
+#: ``Shard._apply_backpressure``): a rebalance callback waits at most this long for the poll
+#: that serves it. Never more than a quarter of ``max_poll_interval_ms``.
+HOLD_SECONDS = 1.0
 _missing_topic_logged: dict[str, float] = {}
 _missing_topic_lock = threading.Lock()
 
@@ -84,8 +88,10 @@ class Shard:
     >>> shard.close()  # doctest: +SKIP
 
     The poller keeps calling ``poll()`` however slowly blocks are taken, so a slow consumer
-    never exceeds ``max_poll_interval_ms``; when ``queue_max_blocks`` blocks wait it pauses
-    its partitions instead of buffering more. Commits are applied by the poller thread.
+    never exceeds ``max_poll_interval_ms``; when ``queue_max_blocks`` blocks wait it first
+    holds (does not poll, for at most ``HOLD_SECONDS``: the client keeps what it prefetched)
+    and then pauses its partitions instead of buffering more. Commits are applied by the
+    poller thread.
     """
 
     def __init__(
@@ -120,6 +126,8 @@ class Shard:
             shard_index, self.hooks, self._lock, owned=lambda: self._assigned_set
         )
         self._paused_count = 0
+        self._full_since: float | None = None  # when the queue filled (holding), else None
+        self._hold_seconds = min(HOLD_SECONDS, settings.max_poll_interval_ms / 4000)
         self._rewind: dict[int, int] = {}
         #: Per partition, the first offset emitted since it was assigned: with no commit point
         #: from the owner at revoke, the lowest offset that may not have been trained.
@@ -343,8 +351,10 @@ class Shard:
         while not self._stop.is_set():
             if not self._joined:
                 self._check_joined(client)
-            self._apply_backpressure(client)
+            holding = self._apply_backpressure(client)
             self._flush_commits(sync=False)
+            if holding:
+                continue
             with self._lock:
                 serial = self.serial
                 self._sought.clear()
@@ -487,11 +497,33 @@ class Shard:
 
     # ---- flow control ------------------------------------------------------------------------
 
-    def _apply_backpressure(self, client: ConsumerClient) -> None:
+    def _apply_backpressure(self, client: ConsumerClient) -> bool:
+        """Hold, pause or resume by the queue's fill; True: do not poll in this round.
+
+        A full queue first holds the poller (no ``poll()``, for at most ``HOLD_SECONDS`` at a
+        time, well inside ``max_poll_interval_ms``): the client keeps what it prefetched
+        (librdkafka's queue is bounded by ``queued.max.messages.kbytes``, kafka-python's by the
+        fetches in flight), and the next poll hands it over at once. A pause makes both clients
+        drop their prefetch and fetch it again after the resume (confluent-kafka about a second
+        later): with 8 blocks of room that halved the confluent pipeline. A queue still full
+        after the hold (a checkpoint, an evaluation, a slow step) pauses as before, so the
+        client keeps serving rebalances and the group while the consumer is slow.
+        """
         # Reconcile with the client's own pause flags every loop: kafka-python keeps a
         # partition's paused flag (and position) across a rebalance that leaves it with us.
-        # Pause when full, resume when half empty (``BlockQueue.low``).
+        # Pause when full after the hold, resume when half empty (``BlockQueue.low``).
         paused = client.paused()
+        if self._queue.full and self._joined and not paused:
+            now = time.monotonic()
+            if self._full_since is None:
+                self._full_since = now
+            left = self._hold_seconds - (now - self._full_since)
+            if left > 0:
+                poll_seconds = self.settings.poll_timeout_ms / 1000
+                if not self._queue.wait_for_room(min(left, poll_seconds)):
+                    return True
+        if not self._queue.full:
+            self._full_since = None
         hold = self._queue.full or not self._joined or (bool(paused) and not self._queue.low)
         if hold:
             with self._lock:
@@ -506,6 +538,7 @@ class Shard:
         if count != self._paused_count:
             self._paused_count = count
             self.hooks.on_paused(self.shard_index, count)
+        return False
 
     def _check_joined(self, client: ConsumerClient) -> None:
         assert self._barrier is not None
