@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "AuthenticationError",
     "BrokerUnavailableError",
@@ -33,6 +35,19 @@ class StreamerError(Exception):
 
     retriable: bool = False
     exit_code: int = 1
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Subclasses take their own arguments, not the message: pickle (a process shard's
+        # child sends its error over a pipe) rebuilds the instance from the message and the
+        # attributes instead of calling ``__init__`` again.
+        return (_rebuild, (type(self), str(self), self.__dict__.copy()))
+
+
+def _rebuild(cls: type[StreamerError], message: str, state: dict[str, Any]) -> StreamerError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(StreamerError, ValueError):

@@ -394,8 +394,9 @@ def _child_main(
 
 
 def _picklable(exc: BaseException) -> BaseException:
+    """``exc`` if it crosses the pipe whole (pickled and rebuilt), else a StreamerError naming it."""
     try:
-        pickle.dumps(exc)
+        pickle.loads(pickle.dumps(exc))  # noqa: S301 (our own bytes)
         return exc
     except Exception:
         return StreamerError(f"{type(exc).__name__}: {exc}")
@@ -537,6 +538,12 @@ class ProcessShard:
             try:
                 event = self._ctrl.recv()
             except (EOFError, OSError):
+                break
+            except Exception as exc:  # an event that does not unpickle: the shard has failed
+                self.failed = StreamerError(
+                    f"shard {self.shard_index}: an event from its child could not be read: "
+                    f"{type(exc).__name__}: {exc}"
+                )
                 break
             if isinstance(event, Closed):
                 break

@@ -62,7 +62,8 @@ _AUTH_BYTES = re.compile(
 )
 #: Config dumps: ``'sasl_plain_password': '...'`` (kafka-python), ``sasl.password=...``.
 _QUOTED_FIELD = re.compile(
-    r"""(?P<key>['"]?[\w.-]*(?:password|passwd|secret)['"]?\s*[:=]\s*)""" + _QUOTED, re.I
+    r"""(?P<key>['"]?[\w.-]*(?:password|passwd|secret)['"]?\s*[:=]\s*)(?P<b>b?)""" + _QUOTED,
+    re.I,
 )
 _BARE_FIELD = re.compile(
     r"""(?P<key>[\w.-]*(?:password|passwd|secret)\s*[:=]\s*)"""
@@ -128,7 +129,7 @@ class Redactor:
             text = _AUTH_BYTES.sub(lambda m: f"{m['key']}b'{MASK}'", text)
         lower = text.lower()
         if any(word in lower for word in _FIELD_WORDS):
-            text = _QUOTED_FIELD.sub(lambda m: f"{m['key']}'{MASK}'", text)
+            text = _QUOTED_FIELD.sub(lambda m: f"{m['key']}{m['b']}'{MASK}'", text)
             text = _BARE_FIELD.sub(lambda m: f"{m['key']}{MASK}", text)
         return text
 

@@ -212,13 +212,25 @@ class ConsumerSettings:
     security: SecuritySettings = field(default_factory=SecuritySettings)
 
     def __post_init__(self) -> None:
-        servers = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
-        if not servers or not all(_BOOTSTRAP_RE.match(s) for s in servers):
+        if not isinstance(self.bootstrap_servers, str):
             raise ConfigError(
                 "bootstrap_servers", self.bootstrap_servers, "a comma-separated list of host:port"
             )
-        if not self.topic or not re.fullmatch(r"[A-Za-z0-9._\-]{1,249}", self.topic):
-            raise ConfigError("topic", self.topic, "1-249 characters of [A-Za-z0-9._-]")
+        servers = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
+        if not servers or not all(
+            _BOOTSTRAP_RE.match(s) and 0 < int(s.rpartition(":")[2]) < 65536 for s in servers
+        ):
+            raise ConfigError(
+                "bootstrap_servers", self.bootstrap_servers, "a comma-separated list of host:port"
+            )
+        if (
+            not isinstance(self.topic, str)
+            or not re.fullmatch(r"[A-Za-z0-9._\-]{1,249}", self.topic)
+            or self.topic in (".", "..")
+        ):
+            raise ConfigError(
+                "topic", self.topic, "1-249 characters of [A-Za-z0-9._-], not '.' or '..'"
+            )
         if self.mode not in _MODES:
             raise ConfigError("mode", self.mode, f"one of {_MODES}")
         if self.mode == "group" and not self.group_id:

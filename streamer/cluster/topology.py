@@ -7,6 +7,7 @@ Pure: no TensorFlow, no Kafka (``streamer.cluster.strategy`` and ``streamer.clus
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -116,15 +117,21 @@ def _parse_tf_config(text: str) -> Topology:
     return Topology(offset + task_id, count, cluster, task_type, task_id, "TF_CONFIG")
 
 
+def _host_port(entry: str) -> bool:
+    """``host:port`` with a host and a port in 1..65535 (ASCII digits only)."""
+    host, _, port = entry.rpartition(":")
+    return bool(host) and re.fullmatch(r"[0-9]{1,5}", port) is not None and 0 < int(port) < 65536
+
+
 def _parse_hosts(hosts: str, index: int | None, env: Mapping[str, str]) -> Topology:
     listed = tuple(h.strip() for h in hosts.split(",") if h.strip())
-    if not listed or not all(h.rpartition(":")[2].isdigit() for h in listed):
+    if not listed or not all(_host_port(h) for h in listed):
         raise ConfigError("cluster_workers", hosts, "a comma-separated list of host:port")
     if len(set(listed)) != len(listed):
         raise ConfigError("cluster_workers", hosts, "each worker's host:port once")
     if index is None:
         raw = env.get(JOB_INDEX_ENV)
-        if raw is None or not raw.strip().isdigit():
+        if raw is None or not re.fullmatch(r"[0-9]+", raw.strip()):
             raise ConfigError(
                 "worker_index",
                 raw,

@@ -309,7 +309,7 @@ def cast(fp: FeaturePlan, arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
     if np.can_cast(arr.dtype, fp.dtype, "safe"):
         return arr.astype(fp.dtype)
     if target == "i":
-        if int(arr.min()) < fp.lo or int(arr.max()) > fp.hi:
+        if arr.size and (int(arr.min()) < fp.lo or int(arr.max()) > fp.hi):
             raise Rejected("dtype")
         return arr.astype(fp.dtype)
     with np.errstate(over="ignore", invalid="ignore"):  # NaN stays NaN: checked after

@@ -33,7 +33,12 @@ def _produce(bootstrap: str, topic: str, n: int) -> None:
 
 
 def _source(
-    bootstrap: str, topic: str, group: str, reset: str, registry: CollectorRegistry
+    bootstrap: str,
+    topic: str,
+    group: str,
+    reset: str,
+    registry: CollectorRegistry,
+    runtime: str = "thread",
 ) -> StreamSource:
     cs = ConsumerSettings(
         bootstrap_servers=bootstrap,
@@ -44,6 +49,7 @@ def _source(
         num_shards=1,
         worker_id=f"w-{uuid.uuid4().hex[:6]}",
         auto_offset_reset=reset,  # type: ignore[arg-type]
+        shard_runtime=runtime,  # type: ignore[arg-type]
     )
     metrics = Metrics(
         topic, registry, version="t", tensorflow_version="t", kafka_python_version="t"
@@ -112,12 +118,14 @@ def test_no_committed_offset_uses_policy_quietly(
     )
 
 
+@pytest.mark.parametrize("runtime", ["thread", "process"])
 def test_policy_none_without_committed_offset_fails_with_a_clear_error(
-    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str
+    runtime: str, kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str
 ) -> None:
+    """In a shard process the error crosses the pipe (pickled) and still fails the pass."""
     topic = make_topic(1)
     _produce(kafka_bootstrap, topic, 10)
-    source = _source(kafka_bootstrap, topic, group_id, "none", CollectorRegistry())
+    source = _source(kafka_bootstrap, topic, group_id, "none", CollectorRegistry(), runtime)
     with pytest.raises(Exception, match="auto_offset_reset=none") as info:
         _offsets(source)
     assert source.shard_failure() is not None or "no committed offset" in str(info.value)
