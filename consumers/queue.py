@@ -55,7 +55,7 @@ class BlockQueue:
     @property
     def low(self) -> bool:
         """At most half full: partitions paused when it was full may resume (hysteresis: a
-        resume costs a fetch round trip, confluent-kafka waits about 1 s before fetching)."""
+        pause drops what the client prefetched, and a resume costs a fetch round trip)."""
         return len(self._blocks) <= self.max_blocks // 2
 
     def wait_for_room(self, timeout: float) -> bool:

@@ -125,6 +125,10 @@ def consumer_config(settings: ConsumerSettings, shard_index: int) -> dict[str, A
         "max.partition.fetch.bytes": settings.max_partition_fetch_bytes,
         # librdkafka prefetches up to this much per consumer (64 MiB by default).
         "queued.max.messages.kbytes": max(1024, settings.fetch_max_bytes // 1024),
+        # Once that prefetch is full librdkafka waits this long before it looks again (1 s by
+        # default): a shard that drains 50 MiB in a third of a second then starved for the
+        # rest of it (a gap of 0.7 s every 100,000 records of 1 KiB; benchmarks/README.md).
+        "fetch.queue.backoff.ms": 50,
         # librdkafka's only bound on inflating a batch (zstd only); it must exceed
         # fetch.max.bytes by 512 bytes, which is then the bound for zstd batches.
         "receive.message.max.bytes": min(
@@ -380,7 +384,15 @@ class ConfluentClient:
         if self._pending is not None:
             error, self._pending = self._pending, None
             raise error
-        msgs = self.consumer.consume(self.settings.max_poll_records, timeout_ms / 1000)
+        # What is queued now, else wait for the first record and take what came with it:
+        # consume(n, timeout) would hold records that are here until n came or the timeout
+        # passed (up to poll_timeout_ms of latency on every block of a stream slower than n).
+        most = self.settings.max_poll_records
+        msgs = self.consumer.consume(most, 0)
+        if not msgs:
+            msgs = self.consumer.consume(1, timeout_ms / 1000)
+            if msgs and most > 1:
+                msgs.extend(self.consumer.consume(most - 1, 0))
         if self._pending is not None and not msgs:
             error, self._pending = self._pending, None
             raise error
