@@ -248,3 +248,37 @@ def test_commit_points_reach_the_log_end_past_transaction_markers(
     shard.commit(reach)
     shard.close()
     assert committed_offsets(kafka_bootstrap, group_id, topic) == ends
+
+
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
+def test_a_poll_hands_over_what_came_without_waiting_for_a_full_block(
+    client: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    group_id: str,
+    started: Callable[..., ShardLike],
+) -> None:
+    """Records that came are handed over at once, not held until ``max_poll_records`` of
+    them came or ``poll_timeout_ms`` passed (confluent-kafka's ``consume(n, timeout)`` does
+    that: every block of a stream slower than n records per timeout waited the timeout)."""
+    topic = make_topic(1)
+    cs = settings(
+        kafka_bootstrap,
+        topic,
+        client,
+        "thread",
+        group=group_id,
+        partitions=(0,),
+        poll_timeout_ms=5_000,
+        max_poll_records=1_000,
+    )
+    shard = started(cs, 0, 1)
+    produce(kafka_bootstrap, topic, 3, 1)
+    drain([shard], lambda s: len(s) >= 3)  # the shard is up and polls an idle partition
+    time.sleep(0.5)
+    sent = time.monotonic()
+    produce(kafka_bootstrap, topic, 2, 1)
+    seen, _ = drain([shard], lambda s: len(s) >= 2)
+    waited = time.monotonic() - sent
+    assert sorted(seen) == [(0, 3), (0, 4)]
+    assert waited < 2.5, f"2 records took {waited:.1f}s: held until the 5 s poll timeout"
