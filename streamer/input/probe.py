@@ -42,7 +42,7 @@ class BrokerProbe:
         self._on_change = on_change
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.up = self.check()
+        self.up = False  # until start() has checked (a constructor does no I/O)
 
     def check(self) -> bool:
         for host, port in self._servers:
@@ -54,6 +54,8 @@ class BrokerProbe:
         return False
 
     def start(self) -> BrokerProbe:
+        """Check once now (``up``), then every ``interval_seconds`` on a daemon thread."""
+        self.up = self.check()
         self._thread = threading.Thread(target=self._run, name="streamer-broker-probe", daemon=True)
         self._thread.start()
         return self
