@@ -40,13 +40,14 @@ class StreamerError(Exception):
         # Subclasses take their own arguments, not the message: pickle (a process shard's
         # child sends its error over a pipe) rebuilds the instance from the message and the
         # attributes instead of calling ``__init__`` again.
-        return (_rebuild, (type(self), str(self), self.__dict__.copy()))
+        # The attributes go as the state (pickle sets them after the rebuild, so an attribute
+        # that refers back to the error is fine).
+        return (_rebuild, (type(self), str(self)), self.__dict__.copy())
 
 
-def _rebuild(cls: type[StreamerError], message: str, state: dict[str, Any]) -> StreamerError:
+def _rebuild(cls: type[StreamerError], message: str) -> StreamerError:
     error = cls.__new__(cls)
     Exception.__init__(error, message)
-    error.__dict__.update(state)
     return error
 
 

@@ -540,11 +540,12 @@ class ProcessShard:
             except (EOFError, OSError):
                 break
             except Exception as exc:  # an event that does not unpickle: the shard has failed
-                self.failed = StreamerError(
+                self.failed = self.failed or StreamerError(
                     f"shard {self.shard_index}: an event from its child could not be read: "
                     f"{type(exc).__name__}: {exc}"
                 )
-                break
+                self._queue.wake()
+                continue  # keep reading: a child blocked on a full pipe would never stop
             if isinstance(event, Closed):
                 break
             self._handle(event)

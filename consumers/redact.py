@@ -67,7 +67,7 @@ _QUOTED_FIELD = re.compile(
 )
 _BARE_FIELD = re.compile(
     r"""(?P<key>[\w.-]*(?:password|passwd|secret)\s*[:=]\s*)"""
-    r"""(?!['"]|None\b|\*\*\*|\[redacted\])[^\s,;'")}\]]+""",
+    r"""(?!b?['"]|None\b|\*\*\*|\[redacted\])[^\s,;'")}\]]+""",
     re.I,
 )
 _FIELD_WORDS = ("password", "passwd", "secret")

@@ -46,7 +46,7 @@ _PROTOCOLS = get_args(SecurityProtocol)
 _MECHANISMS = get_args(SaslMechanism)
 #: The smallest explicit max_batch_inflated_bytes (1 MiB: Kafka's default max.message.bytes).
 _MIN_INFLATE = 1 << 20
-_BOOTSTRAP_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:\d{1,5}$")
+_BOOTSTRAP_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:[0-9]{1,5}$")
 
 
 class Secret:

@@ -87,8 +87,8 @@ class Shard:
     >>> shard.commit({0: block.next_offsets()[0]})  # doctest: +SKIP
     >>> shard.close()  # doctest: +SKIP
 
-    The poller keeps calling ``poll()`` however slowly blocks are taken, so a slow consumer
-    never exceeds ``max_poll_interval_ms``; when ``queue_max_blocks`` blocks wait it first
+    The poller never stops serving the client for long, however slowly blocks are taken, so a
+    slow consumer never exceeds ``max_poll_interval_ms``; when ``queue_max_blocks`` blocks wait it first
     holds (does not poll, for at most ``HOLD_SECONDS``: the client keeps what it prefetched)
     and then pauses its partitions instead of buffering more. Commits are applied by the
     poller thread.

@@ -389,7 +389,7 @@ class ConfluentClient:
         # passed (up to poll_timeout_ms of latency on every block of a stream slower than n).
         most = self.settings.max_poll_records
         msgs = self.consumer.consume(most, 0)
-        if not msgs:
+        if not msgs and self._pending is None:  # a callback's error: raised below, at once
             msgs = self.consumer.consume(1, timeout_ms / 1000)
             if msgs and most > 1:
                 msgs.extend(self.consumer.consume(most - 1, 0))

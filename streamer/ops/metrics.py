@@ -294,7 +294,8 @@ class Metrics:
             "queue_capacity_records", "Capacity of a pipeline stage, in records.", ("stage",)
         )
         self.paused_partitions = gauge(
-            "paused_partitions", "Partitions paused because a shard queue is full."
+            "paused_partitions",
+            "Partitions paused because a shard queue stayed full past the hold.",
         )
 
         # Kafka health.

@@ -273,12 +273,20 @@ def test_a_poll_hands_over_what_came_without_waiting_for_a_full_block(
         max_poll_records=1_000,
     )
     shard = started(cs, 0, 1)
-    produce(kafka_bootstrap, topic, 3, 1)
-    drain([shard], lambda s: len(s) >= 3)  # the shard is up and polls an idle partition
-    time.sleep(0.5)
-    sent = time.monotonic()
-    produce(kafka_bootstrap, topic, 2, 1)
-    seen, _ = drain([shard], lambda s: len(s) >= 2)
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all")
+    try:
+        for i in range(3):
+            producer.send(topic, value=b"%d" % i, partition=0)
+        producer.flush(30)  # the producer is connected before the clock starts
+        drain([shard], lambda s: len(s) >= 3)  # the shard is up and polls an idle partition
+        time.sleep(0.5)
+        sent = time.monotonic()
+        for i in range(3, 5):
+            producer.send(topic, value=b"%d" % i, partition=0)
+        producer.flush(30)
+        seen, _ = drain([shard], lambda s: len(s) >= 2)
+    finally:
+        producer.close(timeout=30)
     waited = time.monotonic() - sent
     assert sorted(seen) == [(0, 3), (0, 4)]
     assert waited < 2.5, f"2 records took {waited:.1f}s: held until the 5 s poll timeout"

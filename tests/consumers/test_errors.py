@@ -260,3 +260,13 @@ def test_an_error_that_would_not_unpickle_crosses_the_pipe_as_a_streamer_error()
     assert type(sent) is StreamerError and str(sent) == "Stubborn: 1/2"
     offset = OffsetResetError("t", [0], False)
     assert _picklable(offset) is offset
+
+
+def test_an_error_whose_attribute_refers_back_to_it_survives_the_pipe() -> None:
+    """The attributes travel as pickle state, so a cycle (an error holding itself, as a
+    traceback-keeping wrapper might) does not recurse."""
+    error = PipelineError("decode", "a detail")
+    error.itself = error  # type: ignore[attr-defined]
+    back = pickle.loads(pickle.dumps(error))  # noqa: S301
+    assert type(back) is PipelineError and str(back) == str(error)
+    assert back.itself is back  # type: ignore[attr-defined]

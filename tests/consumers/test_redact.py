@@ -185,6 +185,7 @@ def test_secrets_added_later_are_masked_too_and_earlier_ones_stay_masked() -> No
         ),
         ('{"ssl_password": "p\\"w", "acks": 1}', '{"ssl_password": \'***\', "acks": 1}'),
         ("{'ssl_password': b'xyzzy'}", "{'ssl_password': b'***'}"),  # a bytes value
+        ("password=b'abc' next", "password=b'***' next"),  # masked once, not mangled
         ("{'password': 'it\\'s'}", "{'password': '***'}"),  # an escaped quote ends nothing
         ("sasl.password=hunter, retries=3", "sasl.password=***, retries=3"),
         ("ssl.key.password = hunter; x", "ssl.key.password = ***; x"),

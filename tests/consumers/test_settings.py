@@ -237,6 +237,7 @@ def test_settings_are_frozen() -> None:
         ("bootstrap_servers", {"bootstrap_servers": "h:9092,h2"}, ()),  # every entry counts
         ("bootstrap_servers", {"bootstrap_servers": "h:99999"}, ()),  # no such port
         ("bootstrap_servers", {"bootstrap_servers": "h:0"}, ()),
+        ("bootstrap_servers", {"bootstrap_servers": "h:\u0669\u0660\u0669\u0662"}, ()),  # not ASCII
         ("bootstrap_servers", {"bootstrap_servers": None}, ()),  # a missing value, typed
         ("topic", {"topic": ""}, ("1-249",)),
         ("topic", {"topic": "a b"}, ()),
