@@ -394,7 +394,8 @@ def _child_main(
 
 
 def _picklable(exc: BaseException) -> BaseException:
-    """``exc`` if it crosses the pipe whole (pickled and rebuilt), else a StreamerError naming it."""
+    """``exc`` if it crosses the pipe whole (pickled and rebuilt), else a StreamerError
+    naming it."""
     try:
         pickle.loads(pickle.dumps(exc))  # noqa: S301 (our own bytes)
         return exc

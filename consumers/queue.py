@@ -60,14 +60,8 @@ class BlockQueue:
 
     def wait_for_room(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds until the queue is not ``full``; True when it is not."""
-        deadline = time.monotonic() + timeout
         with self.lock:
-            while self.full:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                self.lock.wait(remaining)
-            return True
+            return self.lock.wait_for(lambda: not self.full, timeout)
 
     def put(self, block: RecordBlock) -> None:
         """Append a block (never blocks: the producer side holds or pauses when ``full``)."""

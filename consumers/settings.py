@@ -34,6 +34,7 @@ __all__ = [
     "SecuritySettings",
     "ShardMode",
     "ShardRuntime",
+    "valid_port",
 ]
 
 _MODES = get_args(ShardMode)
@@ -47,6 +48,15 @@ _MECHANISMS = get_args(SaslMechanism)
 #: The smallest explicit max_batch_inflated_bytes (1 MiB: Kafka's default max.message.bytes).
 _MIN_INFLATE = 1 << 20
 _BOOTSTRAP_RE = re.compile(r"^[A-Za-z0-9._\-\[\]:]+:[0-9]{1,5}$")
+
+
+def valid_port(text: str) -> bool:
+    """A TCP port: ASCII digits, 1..65535 (``str.isdigit`` also takes '²' and '٩').
+
+    >>> valid_port("9092"), valid_port("0"), valid_port("65536"), valid_port("\u00b2")
+    (True, False, False, False)
+    """
+    return re.fullmatch(r"[0-9]{1,5}", text) is not None and 0 < int(text) < 65536
 
 
 class Secret:
@@ -218,7 +228,7 @@ class ConsumerSettings:
             )
         servers = [s.strip() for s in self.bootstrap_servers.split(",") if s.strip()]
         if not servers or not all(
-            _BOOTSTRAP_RE.match(s) and 0 < int(s.rpartition(":")[2]) < 65536 for s in servers
+            _BOOTSTRAP_RE.match(s) and valid_port(s.rpartition(":")[2]) for s in servers
         ):
             raise ConfigError(
                 "bootstrap_servers", self.bootstrap_servers, "a comma-separated list of host:port"

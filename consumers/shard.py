@@ -88,10 +88,10 @@ class Shard:
     >>> shard.close()  # doctest: +SKIP
 
     The poller never stops serving the client for long, however slowly blocks are taken, so a
-    slow consumer never exceeds ``max_poll_interval_ms``; when ``queue_max_blocks`` blocks wait it first
-    holds (does not poll, for at most ``HOLD_SECONDS``: the client keeps what it prefetched)
-    and then pauses its partitions instead of buffering more. Commits are applied by the
-    poller thread.
+    slow consumer never exceeds ``max_poll_interval_ms``; when ``queue_max_blocks`` blocks
+    wait it first holds (does not poll, for at most ``HOLD_SECONDS``: the client keeps what
+    it prefetched) and then pauses its partitions instead of buffering more. Commits are
+    applied by the poller thread.
     """
 
     def __init__(

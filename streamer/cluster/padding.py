@@ -116,8 +116,9 @@ class PaddedBatcher:
     idle window (``pad_after`` seconds from the call) passes, or the input ended; the rest of
     the batch is padding: copies of a real row (the first of this batch, else the first of the
     last batch that had one; zeros before any), so that a model sees inputs like its real ones,
-    with weight 0. Rows beyond the batch are kept for the next one. With ``wait=False`` (the other workers have full
-    batches waiting: nobody gains from this worker waiting) it takes only what is queued now.
+    with weight 0. Rows beyond the batch are kept for the next one. With ``wait=False`` (the
+    other workers have full batches waiting: nobody gains from this worker waiting) it takes
+    only what is queued now.
 
     >>> q = queue.Queue(); from streamer.input.simulator import SimulatorTask
     >>> b = PaddedBatcher(SimulatorTask().schema(), 4, pad_after=0.01)

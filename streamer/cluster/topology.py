@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from consumers.errors import ConfigError
+from consumers.settings import valid_port
 
 __all__ = [
     "Control",
@@ -120,7 +121,7 @@ def _parse_tf_config(text: str) -> Topology:
 def _host_port(entry: str) -> bool:
     """``host:port`` with a host and a port in 1..65535 (ASCII digits only)."""
     host, _, port = entry.rpartition(":")
-    return bool(host) and re.fullmatch(r"[0-9]{1,5}", port) is not None and 0 < int(port) < 65536
+    return bool(host) and valid_port(port)
 
 
 def _parse_hosts(hosts: str, index: int | None, env: Mapping[str, str]) -> Topology:
