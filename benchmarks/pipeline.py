@@ -16,6 +16,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from consumers.settings import ConsumerSettings, KafkaClient, SecuritySettings
+from streamer.ops.cost import Cost, CostMeter
 
 if TYPE_CHECKING:
     from streamer.cli.config import WorkerConfig
@@ -87,6 +88,33 @@ class BenchResult:
     #: With a schema or task: its name, and the fixed-shape baseline topic.
     task: str | None = None
     baseline_topic: str | None = None
+    #: Per mode and repeat, the cost per record (``streamer.ops.cost.Cost.as_dict``).
+    costs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    #: The host size the ceiling column projects to.
+    ceiling_cores: int = 16
+
+    def _cost_summary(self) -> dict[str, dict[str, float | None]]:
+        """Per mode, the median of each cost figure over the repeats, and the projected
+        ceiling of one worker on ``ceiling_cores`` cores."""
+        out: dict[str, dict[str, float | None]] = {}
+        for mode, runs in self.costs.items():
+            fig: dict[str, float | None] = {}
+            for name in (
+                "main_cpu_us_per_record",
+                "child_cpu_us_per_record",
+                "total_cpu_us_per_record",
+                "gil_us_per_record",
+                "gil_held_fraction",
+            ):
+                values = [r[name] for r in runs if r[name] is not None]
+                fig[name] = statistics.median(values) if values else None
+            total, gil = fig["total_cpu_us_per_record"], fig["gil_us_per_record"]
+            limits = [self.ceiling_cores * 1e6 / total] if total else []
+            if gil:
+                limits.append(1e6 / gil)
+            fig["ceiling_records_per_second"] = min(limits) if limits else None
+            out[mode] = fig
+        return out
 
     def summary(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -163,6 +191,9 @@ class BenchResult:
                     # cancels the drift of a shared machine better than a ratio of medians.
                     pairs = zip(self.rates[mode], self.rates[FIXED + mode], strict=False)
                     out[key + "_paired"] = statistics.median(a / b for a, b in pairs)
+        if self.costs:
+            out["costs"] = self._cost_summary()
+            out["ceiling_cores"] = self.ceiling_cores
         if self.soak is not None:
             out["soak"] = self.soak
         if len(self.codecs) > 1:
@@ -251,21 +282,27 @@ def _settings(
     )
 
 
-def bench_raw(cs: ConsumerSettings, n: int) -> float:
-    """A plain poll loop with the same consumer settings, touching every value."""
+def bench_raw(cs: ConsumerSettings, n: int, costs: list[Cost] | None = None) -> float:
+    """A plain poll loop with the same consumer settings, touching every value (its cost per
+    record appended to ``costs``)."""
     from consumers.clients import read_values
 
     got = 0
     touched = 0
     t0 = None
+    meter = CostMeter()
     for values in read_values(cs):
         if t0 is None:
             t0 = time.perf_counter()
+            meter.start()
+            first = len(values)  # polled before the clock started: not counted in the cost
         touched += sum(map(len, values))
         got += len(values)
         if got >= n:
             break
     t1 = time.perf_counter()
+    if costs is not None and t0 is not None:
+        costs.append(meter.stop(got - first))
     return got / (t1 - (t0 or t1) + 1e-9)
 
 
@@ -316,8 +353,11 @@ def bench_pipeline(
     batch_size: int = 256,
     shuffle_buffer: int = 0,
     schema: Schema | None = None,
+    costs: list[Cost] | None = None,
 ) -> float:
-    """Our batched dataset, input only (with a shuffle window of ``shuffle_buffer`` records)."""
+    """Our batched dataset, input only (with a shuffle window of ``shuffle_buffer`` records);
+    its cost per record (this process and the shard processes, from the first batch to the
+    last record) appended to ``costs``."""
     from streamer.input.pipeline import PipelineSettings
     from streamer.input.simulator import SimulatorTask
     from streamer.input.source import StreamSource
@@ -335,6 +375,8 @@ def bench_pipeline(
     )
     got = 0
     t0 = None
+    shards: list[Any] = []  # the pass's shards, kept: they leave the router as they close
+    meter = CostMeter(lambda: {id(s): getattr(s, "child_cpu_seconds", None) for s in shards})
     # The clock stops at the end of the records, before the iterator is deleted: deleting a
     # tf.data iterator waits for its autotune thread to wake (0.7-0.9 s in most passes here,
     # measured; a cost per pass, not per record, which a worker pays once per pass and which
@@ -343,11 +385,22 @@ def bench_pipeline(
     for batch in iterator:
         if t0 is None:
             t0 = time.perf_counter()
+            shards += source.router.shards()
+            meter.start()
+            first = int(batch["offset"].shape[0])
+            handed = _handed_over(shards)
         got += int(batch["offset"].shape[0])
     t1 = time.perf_counter()
+    if costs is not None and t0 is not None:
+        costs.append(meter.stop(got - first, got - handed))
     del iterator
     source.close()
     return got / (t1 - (t0 or t1) + 1e-9)
+
+
+def _handed_over(shards: list[Any]) -> int:
+    """Records these shard processes have handed over so far (read ahead)."""
+    return sum(getattr(shard, "records_received", 0) for shard in shards)
 
 
 def bench_worker(
@@ -664,6 +717,9 @@ def run_bench(
         _fill(bootstrap, name, records, fill_bytes, max(shards, 4), codec, fill_task)
         return name
 
+    #: The cost of the run in progress (raw and pipeline modes append one).
+    sink: list[Cost] = []
+
     def runner(mode: str, sch: Schema | None) -> Callable[[ConsumerSettings], Any]:
         def process(cs: ConsumerSettings) -> ConsumerSettings:
             return dataclasses.replace(cs, shard_runtime="process")
@@ -682,19 +738,23 @@ def run_bench(
         return {
             "decode-only": lambda cs: bench_decode_only(cached(cs), sch),
             "tf-only": lambda cs: bench_tf_only(cached(cs)),
-            "raw": lambda cs: bench_raw(cs, records),
+            "raw": lambda cs: bench_raw(cs, records, sink),
             "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
-            "pipeline": lambda cs: bench_pipeline(cs, records, schema=sch),
+            "pipeline": lambda cs: bench_pipeline(cs, records, schema=sch, costs=sink),
             "pipeline-shuffle": lambda cs: bench_pipeline(
-                cs, records, shuffle_buffer=SHUFFLE_BUFFER, schema=sch
+                cs, records, shuffle_buffer=SHUFFLE_BUFFER, schema=sch, costs=sink
             ),
-            "pipeline-process": lambda cs: bench_pipeline(process(cs), records, schema=sch),
+            "pipeline-process": lambda cs: bench_pipeline(
+                process(cs), records, schema=sch, costs=sink
+            ),
             "worker": lambda cs: bench_worker(cs, records),
             "worker-process": lambda cs: bench_worker(cs, records, runtime="process"),
-            "raw-confluent": lambda cs: bench_raw(confluent(cs), records),
-            "pipeline-confluent": lambda cs: bench_pipeline(confluent(cs), records, schema=sch),
+            "raw-confluent": lambda cs: bench_raw(confluent(cs), records, sink),
+            "pipeline-confluent": lambda cs: bench_pipeline(
+                confluent(cs), records, schema=sch, costs=sink
+            ),
             "pipeline-confluent-process": lambda cs: bench_pipeline(
-                process(confluent(cs)), records, schema=sch
+                process(confluent(cs)), records, schema=sch, costs=sink
             ),
             "worker-confluent": lambda cs: bench_worker(confluent(cs), records),
         }[base]
@@ -740,7 +800,10 @@ def run_bench(
                 os.environ["STREAMER_DECODER"] = decoder
             else:
                 os.environ.pop("STREAMER_DECODER", None)
+            sink.clear()
             value = run(_settings(bootstrap, name, parts_of[name], n_shards))
+            for cost in sink:
+                result.costs.setdefault(key, []).append(cost.as_dict())
             if key.removeprefix(FIXED).startswith("worker"):
                 rate, wait = value
                 result.input_wait_fraction.setdefault(key, []).append(wait)
@@ -809,6 +872,26 @@ def format_table(summary: dict[str, Any]) -> str:
             f"freshness {q['client']} at {q['rate']:,.0f} records/s: age at training p50 "
             f"{q['p50']:.3f} s, p90 {q['p90']:.3f} s, p99 {q['p99']:.3f} s"
         )
+    if "costs" in summary:
+        cores = summary["ceiling_cores"]
+        lines.append(
+            f"{'cost per record':<26} {'main CPU':>9} {'shard CPU':>9} {'all CPU':>9} "
+            f"{'GIL':>7} {'GIL held':>9} {f'ceiling @{cores} cores':>20}"
+        )
+
+        def us(v: float | None, unit: str = " us") -> str:
+            return "n/a" if v is None else f"{v:.2f}{unit}"
+
+        for mode, c in summary["costs"].items():
+            ceiling = c["ceiling_records_per_second"]
+            held = c["gil_held_fraction"]
+            lines.append(
+                f"{mode:<26} {us(c['main_cpu_us_per_record']):>9} "
+                f"{us(c['child_cpu_us_per_record']):>9} {us(c['total_cpu_us_per_record']):>9} "
+                f"{us(c['gil_us_per_record']):>7} "
+                f"{'n/a' if held is None else f'{held:.0%}':>9} "
+                f"{'n/a' if ceiling is None else f'{ceiling:,.0f}/s':>20}"
+            )
     if "soak" in summary:
         sk = summary["soak"]
         lines.append(

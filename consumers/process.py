@@ -23,6 +23,7 @@ from typing import Any, Final
 import numpy as np
 
 from consumers.block import RecordBlock
+from consumers.cpu import process_cpu_seconds
 from consumers.errors import ShardFailedError, StreamerError
 from consumers.group import Barrier
 from consumers.hooks import Claim, ShardHooks
@@ -160,7 +161,7 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Closed:
-    pass
+    cpu_seconds: float = 0.0  # the child's CPU time at its end (its own clock)
 
 
 # ---- commands: parent -> child ----------------------------------------------------------------
@@ -390,7 +391,7 @@ def _child_main(
         stop.set()
         shard.close()
         with contextlib.suppress(OSError):
-            send(Closed())
+            send(Closed(time.process_time()))
 
 
 def _picklable(exc: BaseException) -> BaseException:
@@ -458,6 +459,9 @@ class ProcessShard:
         self.last_rebalance_monotonic = time.monotonic()
         self._proc: Any = None
         self._threads: list[threading.Thread] = []
+        #: Records handed over by the child so far (its read-ahead, for cost accounting).
+        self.records_received = 0
+        self._child_cpu_at_end: float | None = None
 
     def start(self) -> ProcessShard:
         ctx = multiprocessing.get_context("spawn")
@@ -531,6 +535,7 @@ class ProcessShard:
                 block = block.without_partitions(gone) if gone else block
                 if block is not None:
                     self._queue.put(block)
+                    self.records_received += len(block)
                     if len(block):
                         self.last_record_monotonic = time.monotonic()
 
@@ -548,6 +553,7 @@ class ProcessShard:
                 self._queue.wake()
                 continue  # keep reading: a child blocked on a full pipe would never stop
             if isinstance(event, Closed):
+                self._child_cpu_at_end = event.cpu_seconds
                 break
             self._handle(event)
         self._child_closed.set()
@@ -621,6 +627,21 @@ class ProcessShard:
             self._ctrl.send(command)
 
     # ---- ShardLike ---------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        """The child's process id (None before ``start``)."""
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def child_cpu_seconds(self) -> float | None:
+        """The child's CPU time so far (user + system, every thread): the kernel's clock while
+        it runs, its own last word once it closed; None when neither can be read."""
+        if self._child_cpu_at_end is not None:
+            return self._child_cpu_at_end
+        if self._proc is None or self._proc.pid is None:
+            return None
+        return process_cpu_seconds(self._proc.pid)
 
     @property
     def assigned(self) -> frozenset[int]:

@@ -511,6 +511,15 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="how long each freshness producer writes [default: 20]",
     )
     bench.add_argument(
+        "--ceiling-cores",
+        type=int,
+        default=16,
+        metavar="N",
+        help="the host the cost table projects to: the ceiling of one worker on N cores, the "
+        "lower of 1 / (main-interpreter GIL us per record) and N / (CPU us per record of all "
+        "its processes) [default: 16]",
+    )
+    bench.add_argument(
         "--json", action="store_true", help="print one JSON object instead of a table"
     )
     commands = {"run": run, "replay": replay, "simulate": sim, "lag": lag, "bench": bench}
@@ -568,7 +577,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     record_bytes = args.record_bytes
     if record_bytes is None:
         record_bytes = 0 if task is not None else 1024
-    for name in ("records", "shards", "repeats", "naive_records"):
+    for name in ("records", "shards", "repeats", "naive_records", "ceiling_cores"):
         if getattr(args, name) < 1:
             raise ConfigError(name, getattr(args, name), "a positive integer")
     codecs = tuple(c.strip() for c in args.compression.split(",") if c.strip())
@@ -604,6 +613,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         decoders=decoders,
         security=security,
     )
+    result.ceiling_cores = args.ceiling_cores
     summary = result.summary()
     print(json.dumps(summary, indent=2) if args.json else format_table(summary))
     return 0
