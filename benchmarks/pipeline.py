@@ -7,6 +7,7 @@ import logging
 import os
 import statistics
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -39,6 +40,7 @@ MODES = (
     "pipeline-confluent",
     "pipeline-confluent-process",
     "worker-confluent",
+    "worker-confluent-process",
 )
 #: Ceilings measured beside the modes: the block decoder alone on one core (no Kafka, no
 #: TensorFlow) and TensorFlow's part alone (generator -> numpy_function map -> rebatch, the
@@ -404,9 +406,16 @@ def _handed_over(shards: list[Any]) -> int:
 
 
 def bench_worker(
-    cs: ConsumerSettings, n: int, batch_size: int = 256, runtime: str = "thread"
+    cs: ConsumerSettings,
+    n: int,
+    batch_size: int = 256,
+    runtime: str = "thread",
+    costs: list[Cost] | None = None,
+    steps_per_execution: int = 1,
 ) -> tuple[float, float]:
-    """The worker with the default model: samples/s and the fraction of time waiting for input."""
+    """The worker with the default model: samples/s and the fraction of time waiting for input;
+    its cost per record (from its first step to its n-th record trained) appended to
+    ``costs``."""
     from streamer.cli.config import load_config
     from streamer.worker import Worker
 
@@ -425,11 +434,26 @@ def bench_worker(
             "metrics_port": "0",
             "log_level": "WARNING",
             "status_interval": "3600",
+            **(
+                {"steps_per_execution": str(steps_per_execution)} if steps_per_execution > 1 else {}
+            ),
         },
         env={},
     )
     worker = Worker(_secured(cfg))
-    worker.run()
+    ended = threading.Event()
+    watcher = threading.Thread(
+        target=_watch_worker,
+        args=(worker, cs.topic, n, costs, ended),
+        name="bench-cost",
+        daemon=True,
+    )
+    watcher.start()
+    try:
+        worker.run()
+    finally:
+        ended.set()
+        watcher.join(5)
     assert worker.metrics is not None
     reg = worker.metrics.registry
     samples = reg.get_sample_value("streamer_samples_trained_total", {"topic": cs.topic}) or 0.0
@@ -439,6 +463,35 @@ def bench_worker(
     first = worker.first_wait_seconds or 0.0
     busy = max(wait + step - first, 1e-9)
     return samples / busy, (wait - first) / busy
+
+
+def _watch_worker(
+    worker: Any, topic: str, n: int, costs: list[Cost] | None, ended: threading.Event
+) -> None:
+    """The cost window of a benchmarked worker: from its first step to its n-th record trained
+    (or its end), sampled every 5 ms from its own counters."""
+
+    def trained() -> float:
+        reg = worker.metrics.registry if worker.metrics is not None else None
+        got = reg.get_sample_value("streamer_samples_trained_total", {"topic": topic}) if reg else 0
+        return float(got or 0.0)
+
+    deadline = time.monotonic() + 600
+    while worker.step < 1 and not ended.is_set() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if worker.step < 1:
+        return
+    shards = list(worker.source.router.shards())
+    meter = CostMeter(lambda: {id(s): getattr(s, "child_cpu_seconds", None) for s in shards})
+    meter.start()
+    first = trained()
+    handed = _handed_over(shards)
+    while trained() < n and not ended.is_set() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    got = trained()
+    cost = meter.stop(int(got - first), int(got - handed))
+    if costs is not None:
+        costs.append(cost)
 
 
 def read_blocks(cs: ConsumerSettings, n: int) -> list[list[bytes]]:
@@ -747,8 +800,8 @@ def run_bench(
             "pipeline-process": lambda cs: bench_pipeline(
                 process(cs), records, schema=sch, costs=sink
             ),
-            "worker": lambda cs: bench_worker(cs, records),
-            "worker-process": lambda cs: bench_worker(cs, records, runtime="process"),
+            "worker": lambda cs: bench_worker(cs, records, costs=sink),
+            "worker-process": lambda cs: bench_worker(cs, records, runtime="process", costs=sink),
             "raw-confluent": lambda cs: bench_raw(confluent(cs), records, sink),
             "pipeline-confluent": lambda cs: bench_pipeline(
                 confluent(cs), records, schema=sch, costs=sink
@@ -756,7 +809,10 @@ def run_bench(
             "pipeline-confluent-process": lambda cs: bench_pipeline(
                 process(confluent(cs)), records, schema=sch, costs=sink
             ),
-            "worker-confluent": lambda cs: bench_worker(confluent(cs), records),
+            "worker-confluent": lambda cs: bench_worker(confluent(cs), records, costs=sink),
+            "worker-confluent-process": lambda cs: bench_worker(
+                confluent(cs), records, runtime="process", costs=sink
+            ),
         }[base]
 
     # (key in the result, topic, how to measure it)

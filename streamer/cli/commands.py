@@ -436,7 +436,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         "pipeline-shuffle (a 10,000-record shuffle window), pipeline-process (shards in child "
         "processes), worker (the default model, thread shards), worker-process (the same, "
         "shards in child processes), raw-confluent, pipeline-confluent, "
-        "pipeline-confluent-process and worker-confluent (the same with confluent-kafka) "
+        "pipeline-confluent-process, worker-confluent and worker-confluent-process (the same "
+        "with confluent-kafka) "
         "[default: the seven kafka-python modes; with --schema or --task the four that take "
         "any schema: raw, pipeline, pipeline-shuffle, pipeline-process]",
     )
