@@ -15,7 +15,7 @@ import tensorflow as tf
 from consumers import ShardHooks, ShardLike
 from consumers.errors import ModelDivergedError, StreamerError
 from consumers.settings import ConsumerSettings
-from streamer.cli.config import WorkerConfig, resolve_shard_runtime
+from streamer.cli.config import WorkerConfig, shard_runtime_choice
 from streamer.cli.replay import write_marker
 from streamer.committer import CommitSchedule, Committer
 from streamer.decode.schema import Schema
@@ -659,7 +659,8 @@ def _describe(cfg: WorkerConfig, decoder: str) -> str:
     d = cfg.describe()
     d["decoder"] = decoder
     if cfg.bootstrap is not None:
-        d["shard_runtime"] = resolve_shard_runtime(cfg.shard_runtime, cfg.shards, cfg.kafka_client)
+        runtime, why = shard_runtime_choice(cfg.shard_runtime, cfg.shards, cfg.kafka_client)
+        d["shard_runtime"] = runtime if why == "as set" else f"{runtime} ({why})"
     else:
         d["shard_runtime"] = "thread"  # the embedded simulator's shards are in-process
     d["devices"] = devices_in_use()

@@ -48,24 +48,49 @@ def _default_worker_id() -> str:
     return os.environ.get("HOSTNAME") or socket.gethostname() or "worker-0"
 
 
-def resolve_shard_runtime(runtime: str, shards: int, client: str = "kafka-python") -> ShardRuntime:
-    """``auto``: child processes where they pay (kafka-python, 2+ shards, 2+ usable cores),
-    else threads.
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity; a container's cpuset)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
-    kafka-python parses records in Python, so thread shards share one core's parse rate; on
-    the 2-core benchmark machine process shards gave the worker 1.42x the samples/s of thread
-    shards (benchmarks/README.md). With one core or one shard a process only adds a hop.
-    confluent-kafka parses in librdkafka's C threads: a process only adds a hop.
+
+def shard_runtime_choice(
+    runtime: str, shards: int, client: str = "kafka-python", cores: int | None = None
+) -> tuple[ShardRuntime, str]:
+    """The shard runtime to run and why (the start line says it).
+
+    ``auto`` decides by what ``streamer bench`` measured per record (benchmarks/README.md,
+    "Cost per record"): the main interpreter's GIL is the one serial resource of a worker, and
+    shard processes take the client's per-record work and the decode off it (kafka-python:
+    1.9 against 13.9 GIL µs per record in threads; confluent: 1.0 against 3.2). A child
+    needs a core of its own to pay: kafka-python's threads share one core's parse rate, so
+    processes win from 2 cores; confluent's threads already parse in librdkafka's C threads,
+    and on 2 cores its processes only matched them (0.9-1.5x, run to run), so processes from
+    4 cores. One shard: a process only adds a hop.
+
+    >>> shard_runtime_choice("auto", 4, "confluent", cores=16)[0]
+    'process'
+    >>> shard_runtime_choice("auto", 4, "confluent", cores=2)[0]
+    'thread'
     """
     if runtime != "auto":
-        return runtime  # type: ignore[return-value]
-    if client == "confluent":
-        return "thread"
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return "process" if shards >= 2 and cores >= 2 else "thread"
+        return runtime, "as set"  # type: ignore[return-value]
+    cores = usable_cores() if cores is None else cores
+    need = 4 if client == "confluent" else 2
+    if shards < 2:
+        return "thread", "auto: one shard, a process would only add a hop"
+    if cores < need:
+        return "thread", f"auto: {cores} usable cores, {client} shard processes pay from {need}"
+    return "process", (
+        f"auto: {shards} shards on {cores} usable cores, per-record work off the main interpreter"
+    )
+
+
+def resolve_shard_runtime(runtime: str, shards: int, client: str = "kafka-python") -> ShardRuntime:
+    """``shard_runtime_choice`` without its reason."""
+    return shard_runtime_choice(runtime, shards, client)[0]
 
 
 @dataclass(frozen=True, slots=True)

@@ -64,9 +64,10 @@ class Options:
     )
     shard_runtime: ShardRuntimeChoice = option(
         "auto",
-        "run each shard's consumer on a thread, or in a child process (past one core's parse "
-        "rate); auto: processes when there are 2+ shards and 2+ usable CPU cores and the client "
-        "is kafka-python, else threads",
+        "run each shard's consumer on a thread, or in a child process (its per-record work, "
+        "client objects and decode, off the main interpreter's GIL); auto: processes with 2+ "
+        "shards and 2+ usable CPU cores (kafka-python) or 4+ (confluent), else threads; the "
+        "start line says which and why",
         group="kafka",
     )
     group: str = option(

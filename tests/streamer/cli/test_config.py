@@ -155,6 +155,20 @@ def test_shard_runtime_auto_picks_processes_only_with_shards_and_cores_to_use(
     assert resolve_shard_runtime("auto", 4) == "thread"
 
 
+def test_shard_runtime_auto_says_why_and_gives_confluent_processes_from_4_cores() -> None:
+    from streamer.cli.config import shard_runtime_choice
+
+    assert shard_runtime_choice("auto", 4, "confluent", cores=2) == (
+        "thread",
+        "auto: 2 usable cores, confluent shard processes pay from 4",
+    )
+    runtime, why = shard_runtime_choice("auto", 4, "confluent", cores=16)
+    assert runtime == "process" and "4 shards on 16 usable cores" in why
+    assert shard_runtime_choice("auto", 4, "kafka-python", cores=2)[0] == "process"
+    assert shard_runtime_choice("auto", 1, "confluent", cores=16)[0] == "thread"
+    assert shard_runtime_choice("process", 1, "confluent", cores=1) == ("process", "as set")
+
+
 def test_a_schema_the_builtin_model_cannot_take_fails_at_start_up_with_exit_2(
     tmp_path: Path,
 ) -> None:

@@ -475,3 +475,23 @@ def test_the_readme_metric_reference_is_the_code_s() -> None:
     )
     names = [name for name, *_ in reference()]
     assert len(names) == len(set(names)) and "streamer_nonfinite_steps_total" in names
+
+
+def test_a_partition_assigned_again_after_a_revocation_gets_its_series_back() -> None:
+    """The per-partition series are looked up once per assignment (cached in its state): a
+    revocation removes them, and the next assignment's updates reach the new ones."""
+    m = make_metrics()
+    m.partitions_assigned([0, 1])
+    m.observe_trained([0, 1, 0], [5, 7, 6], [0, 0, 0], NOW)
+    assert value(m, "streamer_partition_trained_offset", **pl(0)) == 7.0
+    m.partitions_revoked([0])
+    assert value(m, "streamer_partition_trained_offset", **pl(0)) is None
+    m.observe_trained([0], [8], [0], NOW)  # a late step of a revoked partition: no series back
+    assert value(m, "streamer_partition_trained_offset", **pl(0)) is None
+    m.partitions_assigned([0])
+    m.observe_trained([1, 0], [9, 20], [int(NOW * 1000) - 1000, int(NOW * 1000) - 3000], NOW)
+    assert value(m, "streamer_partition_trained_offset", **pl(0)) == 21.0
+    assert value(m, "streamer_partition_trained_offset", **pl(1)) == 10.0
+    ts = "streamer_partition_last_trained_timestamp_seconds"
+    assert value(m, ts, **pl(0)) == pytest.approx(NOW - 3.0)
+    assert value(m, "streamer_consumer_lag_records", **pl(0)) is not None
