@@ -468,8 +468,13 @@ def bench_worker(
 def _watch_worker(
     worker: Any, topic: str, n: int, costs: list[Cost] | None, ended: threading.Event
 ) -> None:
-    """The cost window of a benchmarked worker: from its first step to its n-th record trained
-    (or its end), sampled every 5 ms from its own counters."""
+    """The cost windows of a benchmarked worker, sampled every 5 ms from its own counters.
+
+    The main process: from its first step to its n-th record trained (the model's trace and
+    the group join before the first step are not per record). Shard processes: from their
+    first record handed over to their end, over the records they handed over in it (they
+    read ahead of the trainer, by the pipeline's buffers, and close when the pass has its
+    records, often long before the trainer has trained them)."""
 
     def trained() -> float:
         reg = worker.metrics.registry if worker.metrics is not None else None
@@ -477,21 +482,43 @@ def _watch_worker(
         return float(got or 0.0)
 
     deadline = time.monotonic() + 600
-    while worker.step < 1 and not ended.is_set() and time.monotonic() < deadline:
+
+    def waiting() -> bool:
+        return not ended.is_set() and time.monotonic() < deadline
+
+    shards: list[Any] = []
+    children = CostMeter(lambda: {id(s): getattr(s, "child_cpu_seconds", None) for s in shards})
+    while waiting() and not shards:
+        source = getattr(worker, "source", None)
+        open_now = list(source.router.shards()) if source is not None else []
+        if open_now and _handed_over(open_now) > 0:
+            shards = open_now
+        else:
+            time.sleep(0.005)
+    children.start()
+    handed = _handed_over(shards)
+    while worker.step < 1 and waiting():
         time.sleep(0.005)
     if worker.step < 1:
         return
-    shards = list(worker.source.router.shards())
-    meter = CostMeter(lambda: {id(s): getattr(s, "child_cpu_seconds", None) for s in shards})
-    meter.start()
+    main = CostMeter()
+    main.start()
     first = trained()
-    handed = _handed_over(shards)
-    while trained() < n and not ended.is_set() and time.monotonic() < deadline:
+    while trained() < n and waiting():
         time.sleep(0.005)
     got = trained()
-    cost = meter.stop(int(got - first), int(got - handed))
+    cost = main.stop(int(got - first))
+    while waiting() and not all(getattr(s, "child_ended", True) for s in shards):
+        time.sleep(0.005)  # the children's last word (their CPU at the end) is on its way
+    child = children.stop(_handed_over(shards) - handed)
     if costs is not None:
-        costs.append(cost)
+        costs.append(
+            dataclasses.replace(
+                cost,
+                child_cpu_seconds=child.child_cpu_seconds,
+                child_records=child.records,
+            )
+        )
 
 
 def read_blocks(cs: ConsumerSettings, n: int) -> list[list[bytes]]:

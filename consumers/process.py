@@ -634,6 +634,11 @@ class ProcessShard:
         return None if self._proc is None else self._proc.pid
 
     @property
+    def child_ended(self) -> bool:
+        """The child has said its last word (closed its consumer, sent its CPU time)."""
+        return self._child_closed.is_set()
+
+    @property
     def child_cpu_seconds(self) -> float | None:
         """The child's CPU time so far (user + system, every thread): the kernel's clock while
         it runs, its own last word once it closed; None when neither can be read."""

@@ -10,7 +10,8 @@ whatever the core count); CPU of every process of the input path is the parallel
 (0.41, 2439024.4)
 
 CPU clocks: this process's from ``time.process_time`` (every thread of it, TensorFlow's and
-librdkafka's included), each child's from the kernel (``/proc/<pid>/schedstat``, ns). The GIL
+librdkafka's included), each child's from the kernel (``/proc/<pid>/stat``, every thread, in
+clock ticks) while it runs and from its own clock when it ends. The GIL
 from ``streamer.ops._gilprobe`` (a C thread sampling CPython's "GIL locked" flag about every
 100 µs); where that is not built or not supported, ``gil_us`` is None.
 """
