@@ -356,6 +356,7 @@ def bench_pipeline(
     shuffle_buffer: int = 0,
     schema: Schema | None = None,
     costs: list[Cost] | None = None,
+    steps_per_execution: int = 1,
 ) -> float:
     """Our batched dataset, input only (with a shuffle window of ``shuffle_buffer`` records);
     its cost per record (this process and the shard processes, from the first batch to the
@@ -384,6 +385,7 @@ def bench_pipeline(
     # measured; a cost per pass, not per record, which a worker pays once per pass and which
     # made this figure jump between ~55k and ~100k records/s run to run).
     iterator = iter(source.dataset())
+    drain = _drain(steps_per_execution) if steps_per_execution > 1 else None
     for batch in iterator:
         if t0 is None:
             t0 = time.perf_counter()
@@ -392,12 +394,45 @@ def bench_pipeline(
             first = int(batch["offset"].shape[0])
             handed = _handed_over(shards)
         got += int(batch["offset"].shape[0])
+        if drain is not None:  # the rest in the graph, as --steps-per-execution takes them
+            while True:
+                rows, ended = drain(iterator)
+                got += int(rows)
+                if bool(ended):
+                    break
+            break
     t1 = time.perf_counter()
     if costs is not None and t0 is not None:
         costs.append(meter.stop(got - first, got - handed))
     del iterator
     source.close()
     return got / (t1 - (t0 or t1) + 1e-9)
+
+
+def _drain(k: int) -> Any:
+    """A compiled function taking up to ``k`` batches from an iterator in the graph (as the
+    worker's --steps-per-execution does): (rows, whether the iterator ended)."""
+    import tensorflow as tf
+
+    @tf.function
+    def drain(iterator: Any) -> tuple[Any, Any]:
+        def cond(i: Any, n: Any, ended: Any) -> Any:
+            return tf.logical_and(i < k, tf.logical_not(ended))
+
+        def body(i: Any, n: Any, ended: Any) -> tuple[Any, Any, Any]:
+            opt = iterator.get_next_as_optional()
+            has = opt.has_value()
+            rows = tf.cond(
+                has,
+                lambda: tf.shape(opt.get_value()["offset"], out_type=tf.int64)[0],
+                lambda: tf.constant(0, tf.int64),
+            )
+            return i + 1, n + rows, tf.logical_not(has)
+
+        _, n, ended = tf.while_loop(cond, body, (0, tf.constant(0, tf.int64), False))
+        return n, ended
+
+    return drain
 
 
 def _handed_over(shards: list[Any]) -> int:
@@ -762,6 +797,7 @@ def run_bench(
     freshness_clients: tuple[str, ...] = ("kafka-python", "confluent"),
     decoders: tuple[str, ...] = ("auto",),
     security: SecuritySettings | None = None,
+    steps_per_execution: tuple[int, ...] = (1,),
 ) -> BenchResult:
     """Fill a fresh topic (unless given) and measure each mode, alternating, ``repeats`` times.
 
@@ -772,6 +808,10 @@ def run_bench(
     topic (padded to ``record_bytes`` when it is not 0) and a second topic gets regression
     records of the same mean size (the fixed-shape baseline); every mode (``SCHEMA_MODES``
     only) runs on both, alternating, as ``mode`` and ``fixed:mode``. One codec then.
+
+    Each worker and pipeline mode runs with each of ``steps_per_execution``
+    (``--steps-per-execution``; a pipeline then takes its batches in a compiled loop, as such a
+    worker does); a value other than 1 is the key's suffix (``worker-process+spe8``).
 
     With several ``decoders`` (``--decoder`` values: auto, python), every mode runs with each,
     alternating; a decoder other than auto is the key's suffix (``pipeline@2/python``).
@@ -800,7 +840,7 @@ def run_bench(
     #: The cost of the run in progress (raw and pipeline modes append one).
     sink: list[Cost] = []
 
-    def runner(mode: str, sch: Schema | None) -> Callable[[ConsumerSettings], Any]:
+    def runner(mode: str, sch: Schema | None, spe: int = 1) -> Callable[[ConsumerSettings], Any]:
         def process(cs: ConsumerSettings) -> ConsumerSettings:
             return dataclasses.replace(cs, shard_runtime="process")
 
@@ -820,25 +860,31 @@ def run_bench(
             "tf-only": lambda cs: bench_tf_only(cached(cs)),
             "raw": lambda cs: bench_raw(cs, records, sink),
             "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
-            "pipeline": lambda cs: bench_pipeline(cs, records, schema=sch, costs=sink),
+            "pipeline": lambda cs: bench_pipeline(
+                cs, records, schema=sch, costs=sink, steps_per_execution=spe
+            ),
             "pipeline-shuffle": lambda cs: bench_pipeline(
                 cs, records, shuffle_buffer=SHUFFLE_BUFFER, schema=sch, costs=sink
             ),
             "pipeline-process": lambda cs: bench_pipeline(
-                process(cs), records, schema=sch, costs=sink
+                process(cs), records, schema=sch, costs=sink, steps_per_execution=spe
             ),
-            "worker": lambda cs: bench_worker(cs, records, costs=sink),
-            "worker-process": lambda cs: bench_worker(cs, records, runtime="process", costs=sink),
+            "worker": lambda cs: bench_worker(cs, records, costs=sink, steps_per_execution=spe),
+            "worker-process": lambda cs: bench_worker(
+                cs, records, runtime="process", costs=sink, steps_per_execution=spe
+            ),
             "raw-confluent": lambda cs: bench_raw(confluent(cs), records, sink),
             "pipeline-confluent": lambda cs: bench_pipeline(
-                confluent(cs), records, schema=sch, costs=sink
+                confluent(cs), records, schema=sch, costs=sink, steps_per_execution=spe
             ),
             "pipeline-confluent-process": lambda cs: bench_pipeline(
-                process(confluent(cs)), records, schema=sch, costs=sink
+                process(confluent(cs)), records, schema=sch, costs=sink, steps_per_execution=spe
             ),
-            "worker-confluent": lambda cs: bench_worker(confluent(cs), records, costs=sink),
+            "worker-confluent": lambda cs: bench_worker(
+                confluent(cs), records, costs=sink, steps_per_execution=spe
+            ),
             "worker-confluent-process": lambda cs: bench_worker(
-                confluent(cs), records, runtime="process", costs=sink
+                confluent(cs), records, runtime="process", costs=sink, steps_per_execution=spe
             ),
         }[base]
 
@@ -850,7 +896,10 @@ def run_bench(
             name = topic or fill("sim", codec, None, record_bytes)
             for mode in modes:
                 key = mode if len(codecs) == 1 else f"{mode}:{codec}"
-                plan.append((key, name, runner(mode, None)))
+                with_spe = mode.startswith(("worker", "pipeline")) and "shuffle" not in mode
+                for spe in steps_per_execution if with_spe else (1,):
+                    spe_key = key if spe == 1 else f"{key}+spe{spe}"
+                    plan.append((spe_key, name, runner(mode, None, spe)))
         first = plan[0][1]
         result = BenchResult(first, records, record_bytes, shards, codecs=codecs)
     else:

@@ -39,7 +39,7 @@ from streamer.train.checkpoint import Checkpointer
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import Exporter, serving_inputs
 from streamer.train.model import load_model
-from streamer.train.trainer import StepHandle, Trainer, choose_strategy
+from streamer.train.trainer import StepHandle, StepsResult, Trainer, choose_strategy
 
 # How often the worker hands freed heap back to the OS (gctune.release_free_memory).
 TRIM_EVERY_S = 60.0
@@ -375,6 +375,12 @@ class Worker(Lifecycle):
                     drain_until = self._begin_drain()
                 if self.profiler is not None:
                     self.profiler.before_step(self.step)
+                if self.config.steps_per_execution > 1:
+                    taken, limit = self._run_steps(iterator)
+                    if taken < limit:
+                        exhausted = True
+                        break
+                    continue
                 t0 = time.perf_counter()
                 self.health.waiting("trainer", "waiting for input")
                 batch = source.next_batch(iterator)  # a step in flight runs meanwhile
@@ -413,6 +419,71 @@ class Worker(Lifecycle):
                 self._drain_seconds(),
             )
         return exhausted and not self._stopping.is_set()
+
+    def _run_steps(self, iterator: Any) -> tuple[int, int]:
+        """Up to --steps-per-execution steps in one call of the compiled function
+        (``Trainer.run_steps``), then what each step is followed by, in order (``_settle``'s
+        work, its records acknowledged before any checkpoint); (steps taken, steps asked):
+        fewer taken means the pass's input ended."""
+        cfg = self.config
+        limit = cfg.steps_per_execution
+        if cfg.max_steps is not None:
+            limit = max(1, min(limit, cfg.max_steps - self.step))
+        self.health.waiting("trainer", "waiting for input")
+        try:
+            out = self.trainer.run_steps(iterator, limit, METADATA_COLUMNS)
+        except tf.errors.OpError as exc:
+            # The input's errors come out of the compiled call too: a shard's is raised as
+            # next_batch raises it; any other is the step's or the pipeline's own, as it is.
+            cause = self.source.shard_failure()
+            if isinstance(cause, StreamerError):
+                raise cause from exc
+            raise
+        self._settle_steps(out)
+        return out.steps, limit
+
+    def _settle_steps(self, out: StepsResult) -> None:
+        """The steps of one call, as ``_settle`` settles one: first every step's records (the
+        skipped steps' wait, the applied steps' are acknowledged), then every step's metrics,
+        status and extras, then the checkpoint and commit schedule once."""
+        assert self.metrics is not None and self.status is not None
+        now = time.time()
+        applied: list[int] = []
+        for i in range(out.steps):
+            meta = out.step_columns(i)
+            if not out.applied[i]:
+                self._last_data = time.monotonic()
+                try:
+                    self.skipped_step(meta["partition"], meta["offset"])
+                except ModelDivergedError as exc:
+                    self._diverged = exc  # no checkpoint of a diverged model at the end
+                    raise
+                continue
+            self.applied_step(self.tracker.ack)
+            if self.audit is not None:
+                self.audit.add(meta["partition"], meta["offset"])
+            self.tracker.ack(meta["partition"], meta["offset"])
+            applied.append(i)
+        if not applied:
+            return
+        for i in applied:
+            meta = out.step_columns(i)
+            n, wait = int(out.rows[i]), float(out.input_wait_seconds[i])
+            self.loss = float(out.losses[i])
+            self.metrics.observe_step(n, float(out.step_seconds[i]), wait, self.loss)
+            if self.first_wait_seconds is None:
+                self.first_wait_seconds = wait
+            self.metrics.observe_trained(meta["partition"], meta["offset"], meta["timestamp"], now)
+            self.step += 1
+            self.status.waited(wait)
+            self.status.maybe(self.step, self.loss)
+            self._after_step(n, wait)
+        self.health.beat("trainer")
+        self._last_data = time.monotonic()
+        self.committer.after_step(self.step)
+        cfg = self.config
+        if cfg.max_steps is not None and self.step >= cfg.max_steps:
+            self.request_stop(f"--max-steps {cfg.max_steps}")
 
     def _keep_in_flight(self, step: _InFlight) -> bool:
         """Leave ``step`` unsettled while the next batch is read: only where the device runs

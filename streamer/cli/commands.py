@@ -512,6 +512,15 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
         help="how long each freshness producer writes [default: 20]",
     )
     bench.add_argument(
+        "--steps-per-execution",
+        default="1",
+        metavar="K1,K2",
+        help="run every worker and pipeline mode with each of these --steps-per-execution "
+        "values, alternating (a pipeline mode then takes its batches in a compiled loop, as "
+        "such a worker does); a value other than 1 is the mode's suffix (worker-process+spe8) "
+        "[default: 1]",
+    )
+    bench.add_argument(
         "--ceiling-cores",
         type=int,
         default=16,
@@ -594,6 +603,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     decoders = tuple(d.strip().lower() for d in args.decoders.split(",") if d.strip())
     if not decoders or len(set(decoders)) != len(decoders) or set(decoders) - {"auto", "python"}:
         raise ConfigError("decoders", args.decoders, "auto and/or python, comma-separated")
+    try:
+        spes = tuple(int(k) for k in args.steps_per_execution.split(",") if k.strip())
+    except ValueError:
+        spes = ()
+    if not spes or min(spes) < 1 or len(set(spes)) != len(spes):
+        raise ConfigError(
+            "steps_per_execution", args.steps_per_execution, "positive integers, comma-separated"
+        )
     bootstrap, security = _connection(args)
     result = run_bench(
         bootstrap,
@@ -613,6 +630,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         freshness_seconds=args.freshness_seconds,
         decoders=decoders,
         security=security,
+        steps_per_execution=spes,
     )
     result.ceiling_cores = args.ceiling_cores
     summary = result.summary()

@@ -111,6 +111,7 @@ class WorkerConfig(Options):
             "checkpoint_every_steps",
             "checkpoint_keep",
             "max_nonfinite_steps",
+            "steps_per_execution",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(name, getattr(self, name), "a positive integer")

@@ -219,6 +219,15 @@ class Options:
 
     # ---- training ----------------------------------------------------------------------------
     batch_size: int = option(256, "training batch size", group="training")
+    steps_per_execution: int = option(
+        1,
+        "training steps per call of the compiled step function, as Keras' steps_per_execution: "
+        "the batches are taken from tf.data inside the graph, so the main interpreter's "
+        "per-step Python is paid once per call (each step is still Keras' train_step with its "
+        "own non-finite guard; its records are acknowledged when the call returns, before any "
+        "checkpoint; stops and --max-steps take effect between calls)",
+        group="training",
+    )
     schema: str | None = option(
         None, "schema file (TOML or JSON); unset = the simulator's schema", group="training"
     )

@@ -365,6 +365,12 @@ class DistributedWorker(Lifecycle):
             ",".join(map(str, self.partitions)),
             _describe(cfg, self.decoder),
         )
+        if cfg.steps_per_execution > 1:
+            log.warning(
+                "--steps-per-execution %d is for the local loop: the multi-worker loop pads "
+                "and all-reduces each step's batch, one step per call",
+                cfg.steps_per_execution,
+            )
         reason = self._loop()
         if self.source is not None and self.source.reject_limit is not None:
             raise self.source.reject_limit

@@ -39,6 +39,7 @@ from streamer.train.model import ModelBundle
 __all__ = [
     "StepHandle",
     "StepResult",
+    "StepsResult",
     "Trainer",
     "check_finite_weights",
     "choose_strategy",
@@ -78,6 +79,29 @@ class StepHandle:
     def result(self) -> StepResult:
         """Wait for the step and read its result (one small copy to the host)."""
         return StepResult(float(self._loss), bool(self._ok))
+
+
+class StepsResult(NamedTuple):
+    """Several steps of one call (``Trainer.run_steps``), in order: per step its loss, whether
+    it was applied, its rows, the seconds it waited for its batch and the seconds its step took;
+    and the metadata columns of all their rows, step after step."""
+
+    losses: np.ndarray
+    applied: np.ndarray
+    rows: np.ndarray
+    input_wait_seconds: np.ndarray
+    step_seconds: np.ndarray
+    columns: dict[str, np.ndarray]
+
+    @property
+    def steps(self) -> int:
+        return len(self.losses)
+
+    def step_columns(self, i: int) -> dict[str, np.ndarray]:
+        """Step ``i``'s rows of each metadata column."""
+        start = int(self.rows[:i].sum())
+        stop = start + int(self.rows[i])
+        return {name: column[start:stop] for name, column in self.columns.items()}
 
 
 def nonfinite_variables(variables: Any) -> list[str]:
@@ -373,7 +397,81 @@ class Trainer:
         def evaluate(x: Any, y: Any, sample_weight: Any) -> None:
             strategy_.run(keras_test_step, args=(model, x, y, sample_weight))
 
+        self._meta_names: tuple[str, ...] = ()
+
+        @tf.autograph.experimental.do_not_convert
+        def steps(iterator: Any, limit: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            """Up to ``limit`` steps on the iterator's next batches, in one call (Keras'
+            ``steps_per_execution``): each step is ``step`` (Keras' train_step, gated on
+            finiteness); it stops early, fetching nothing more, when the iterator ends. The
+            clock is read around each fetch (``tf.timestamp``), so input wait and step time
+            stay per step."""
+            names = self._meta_names
+            dtypes = [iterator.element_spec[n].dtype for n in names]
+
+            def new(dtype: tf.DType) -> tf.TensorArray:
+                return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
+
+            def cond(i: tf.Tensor, ended: tf.Tensor, *_: Any) -> tf.Tensor:
+                return tf.logical_and(i < limit, tf.logical_not(ended))
+
+            def body(
+                i: tf.Tensor, ended: tf.Tensor, last: tf.Tensor, *arrays: tf.TensorArray
+            ) -> tuple[Any, ...]:
+                with tf.control_dependencies([last]):  # after the previous step
+                    t0 = tf.timestamp()
+                with tf.control_dependencies([t0]):
+                    opt = iterator.get_next_as_optional()
+                    has = opt.has_value()
+                with tf.control_dependencies([has]):
+                    t1 = tf.timestamp()
+
+                def train() -> tuple[tf.Tensor, ...]:
+                    batch = dict(opt.get_value())
+                    meta = [batch.pop(n) for n in names]
+                    loss, ok = step(*self.data(batch))
+                    return (loss, ok, *meta)
+
+                def none() -> tuple[tf.Tensor, ...]:
+                    empty = [tf.zeros([0], d) for d in dtypes]
+                    return (tf.constant(math.nan), tf.constant(False), *empty)
+
+                # t1 feeds the predicate: the step cannot start before its clock does.
+                loss, ok, *meta = tf.cond(tf.logical_and(has, t1 > 0), train, none)
+                with tf.control_dependencies([loss, ok]):
+                    t2 = tf.timestamp()
+                losses, oks, rows, waits, took, *columns = arrays
+                return (
+                    i + tf.cast(has, tf.int32),
+                    tf.logical_not(has),
+                    t2,
+                    losses.write(i, loss),
+                    oks.write(i, ok),
+                    rows.write(i, tf.shape(meta[0], out_type=tf.int64)[0]),
+                    waits.write(i, t1 - t0),
+                    took.write(i, t2 - t1),
+                    *(c.write(i, m) for c, m in zip(columns, meta, strict=True)),
+                )
+
+            start = (
+                tf.constant(0),
+                tf.constant(False),
+                tf.timestamp(),
+                new(tf.float32),
+                new(tf.bool),
+                new(tf.int64),
+                new(tf.float64),
+                new(tf.float64),
+                *(new(d) for d in dtypes),
+            )
+            count, _, _, losses, oks, rows, waits, took, *columns = tf.while_loop(cond, body, start)
+            # The last write may be an ended fetch's (index ``count``): cut it off.
+            head = [a.stack()[:count] for a in (losses, oks, rows, waits, took)]
+            n = tf.reduce_sum(head[2])
+            return (*head, *(c.concat()[:n] for c in columns))
+
         eager = bool(getattr(model, "run_eagerly", False))
+        self._steps = steps if eager else tf.function(steps, jit_compile=False)
         self._step = _Compiled(
             step if eager else tf.function(step, jit_compile=jit_compile, reduce_retracing=True)
         )
@@ -408,6 +506,35 @@ class Trainer:
         with self.strategy.scope():
             loss, ok = self._step(data)
         return StepHandle(loss, ok)
+
+    def run_steps(
+        self,
+        iterator: Any,
+        limit: int,
+        metadata: tuple[str, ...] = ("partition", "offset", "timestamp"),
+    ) -> StepsResult:
+        """Up to ``limit`` steps on ``iterator``'s next batches in one call of the compiled
+        function (``--steps-per-execution``); fewer when the iterator ends (none: it had
+        ended). The ``metadata`` columns are not the model's: they come back, step by step.
+
+        One call costs the main interpreter's GIL about what one step's call did (profiled),
+        so ``limit`` steps cost it ``1 / limit`` as much per step. Errors of the input come as
+        the iterator raises them (``tf.errors.OpError``)."""
+        if not self._meta_names:
+            self._meta_names = metadata
+        elif self._meta_names != metadata:
+            raise ValueError(f"run_steps: metadata {metadata} after {self._meta_names}")
+        with self.strategy.scope():
+            out = self._steps(iterator, tf.constant(limit, tf.int32))
+        losses, oks, rows, waits, took, *columns = (t.numpy() for t in out)
+        return StepsResult(
+            losses.astype(np.float64),
+            oks.astype(bool),
+            rows.astype(np.int64),
+            waits,
+            took,
+            dict(zip(metadata, columns, strict=True)),
+        )
 
     def evaluate(self, batch: Mapping[str, Any]) -> None:
         """One batch of an evaluation: updates the model's loss tracker and metrics."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -70,18 +71,37 @@ def tails(*workers: WorkerProcess) -> str:
 
 
 @pytest.mark.kafka
+@pytest.mark.parametrize("steps_per_execution", [1, 8])
 def test_run_to_idle_trains_every_record_once_and_commits_the_end(
-    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    group_id: str,
+    tmp_path: Path,
+    steps_per_execution: int,
 ) -> None:
+    """With --steps-per-execution 8 the batches are taken inside the compiled call: the same
+    records, each once, the same step count (the pass's last call takes the 7 left), the same
+    commits, and the checkpoint at the end holds the same offsets."""
     topic = make_topic(PARTITIONS)
     produce(kafka_bootstrap, topic, 20_000, partitions=PARTITIONS)
     ends = end_offsets(kafka_bootstrap, topic)
     assert sum(ends.values()) == 20_000 and all(ends.values()), ends
     audit = tmp_path / "audit.csv"
+    several = steps_per_execution > 1
 
     t0 = time.monotonic()
     worker = WorkerProcess.start(
-        worker_args(kafka_bootstrap, topic, group_id, audit, shards=SHARDS, batch_size=BATCH),
+        worker_args(
+            kafka_bootstrap,
+            topic,
+            group_id,
+            audit,
+            shards=SHARDS,
+            batch_size=BATCH,
+            checkpoint_dir=tmp_path / "ckpt" if several else None,
+            checkpoint_every_steps=12 if several else None,  # not a multiple of 8
+            extra=["--steps-per-execution", str(steps_per_execution)],
+        ),
         tmp_path / "worker.log",
     )
     rc = worker.wait(START_S + 60)
@@ -91,6 +111,12 @@ def test_run_to_idle_trains_every_record_once_and_commits_the_end(
 
     assert_exactly_once(read_audit(audit, topic), all_records(ends), worker.tail())
     assert committed_offsets(kafka_bootstrap, group_id, topic) == ends, worker.tail()
+    if several:
+        # Checkpoints at the calls that reach a due step (12 steps: calls of 8 reach it at 16,
+        # 32, 40, ...), each before its commit; the last at the end of the pass, at step 79.
+        steps = [int(m) for m in re.findall(r"checkpoint \S+ at step (\d+)", worker.log())]
+        assert steps and steps[-1] == -(-20_000 // BATCH), worker.tail()
+        assert all(s % 8 == 0 for s in steps[:-1]), steps
     print(f"run to idle: 20,000 records in {took:.1f}s including start-up and {IDLE_S}s idle")
 
 

@@ -274,3 +274,80 @@ def test_padding_as_keras_sample_weights_equals_the_mean_over_real_rows() -> Non
     reference = km.build_string_loss(schema)
     reference.fit({"x": x[:real]}, y[:real], batch_size=real, epochs=1, shuffle=False, verbose=0)
     assert _rel_diff(padded.get_weights(), reference.get_weights()) < 1e-6
+
+
+# -- several steps per call (--steps-per-execution) ---------------------------------------------
+
+META = ("partition", "offset", "timestamp")
+
+
+def _with_metadata(data: dict[str, Any]) -> dict[str, Any]:
+    rows = ROWS
+    return {
+        **data,
+        "partition": np.arange(rows, dtype=np.int32) % 3,
+        "offset": np.arange(rows, dtype=np.int64),
+        "timestamp": np.arange(rows, dtype=np.int64) * 10,
+    }
+
+
+@pytest.mark.parametrize(
+    "style", ["string loss", "own train_step", "sample-weight feature", "recommender"]
+)
+def test_steps_per_execution_matches_model_fit_with_the_same_setting(style: str) -> None:
+    """``Trainer.run_steps`` (batches taken in the graph, 4 steps a call) trains as
+    ``model.fit(..., steps_per_execution=4)`` does, and hands back each step's rows."""
+    if style == "recommender":
+        from examples.recommender import build
+
+        schema, data = RecommenderTask().schema(), _recommender_data()
+    else:
+        build, schema_fn, data_fn = STYLES[style]
+        schema, data = schema_fn(), data_fn()
+    keras.utils.set_random_seed(km.SEED)
+    trainer = Trainer(bundle_for(build(schema), schema, "test"))
+    iterator = iter(tf.data.Dataset.from_tensor_slices(_with_metadata(data)).batch(BATCH))
+    results = []
+    while True:
+        out = trainer.run_steps(iterator, 4, META)
+        results.append(out)
+        if out.steps < 4:
+            break
+    assert [r.steps for r in results] == [4, 4, 1]  # 9 batches; the last call ends early
+    assert all(r.applied.all() and np.isfinite(r.losses).all() for r in results)
+    offsets = np.concatenate([r.columns["offset"] for r in results])
+    assert offsets.tolist() == list(range(ROWS))  # every row once, in order
+    last = results[-1]
+    assert last.rows.tolist() == [ROWS - 8 * BATCH]
+    assert last.step_columns(0)["timestamp"].tolist() == [10 * o for o in range(8 * BATCH, ROWS)]
+    assert all((r.input_wait_seconds >= 0).all() and (r.step_seconds >= 0).all() for r in results)
+    ours = trainer.metric_values()
+
+    keras.utils.set_random_seed(km.SEED)
+    reference = build(schema)
+    reference.steps_per_execution = 4  # what compile(steps_per_execution=4) sets
+    history = _fit(reference, trainer, data)
+    theirs = {k: float(v[-1]) for k, v in history.history.items()}
+    _assert_parity(_rel_diff(trainer.model.get_weights(), reference.get_weights()), ours, theirs)
+    assert trainer.model.optimizer.iterations.numpy() == reference.optimizer.iterations.numpy()
+
+
+def test_a_nonfinite_step_among_several_is_skipped_alone() -> None:
+    schema = km.schema_regression()
+    data = _with_metadata(_regression_data())
+    data["x"][BATCH + 3, 2] = np.inf  # the second batch
+    keras.utils.set_random_seed(km.SEED)
+    trainer = Trainer(bundle_for(km.build_string_loss(schema), schema, "test"))
+    iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH))
+    out = trainer.run_steps(iterator, 3, META)
+    assert out.applied.tolist() == [True, False, True]
+    assert out.step_columns(1)["offset"].tolist() == list(range(BATCH, 2 * BATCH))
+    assert int(trainer.model.optimizer.iterations.numpy()) == 2
+    assert not nonfinite_variables(trainer.model.variables)
+    # The same two good batches one step at a time give the same weights.
+    keras.utils.set_random_seed(km.SEED)
+    single = Trainer(bundle_for(km.build_string_loss(schema), schema, "test"))
+    for i, batch in enumerate(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).take(3)):
+        b = {k: v for k, v in batch.items() if k not in META}
+        assert single.step(b).applied == (i != 1)
+    assert _rel_diff(trainer.model.get_weights(), single.model.get_weights()) == 0.0
