@@ -445,35 +445,50 @@ class Worker(Lifecycle):
     def _settle_steps(self, out: StepsResult) -> None:
         """The steps of one call, as ``_settle`` settles one: first every step's records (the
         skipped steps' wait, the applied steps' are acknowledged), then every step's metrics,
-        status and extras, then the checkpoint and commit schedule once."""
+        status and extras, then the checkpoint and commit schedule once. When every step was
+        applied (the common case) the records are acknowledged and observed in one call each,
+        not one per step (profiled: per-step calls were half the main interpreter's GIL)."""
         assert self.metrics is not None and self.status is not None
         now = time.time()
-        applied: list[int] = []
-        for i in range(out.steps):
-            meta = out.step_columns(i)
-            if not out.applied[i]:
-                self._last_data = time.monotonic()
-                try:
-                    self.skipped_step(meta["partition"], meta["offset"])
-                except ModelDivergedError as exc:
-                    self._diverged = exc  # no checkpoint of a diverged model at the end
-                    raise
-                continue
-            self.applied_step(self.tracker.ack)
-            if self.audit is not None:
-                self.audit.add(meta["partition"], meta["offset"])
-            self.tracker.ack(meta["partition"], meta["offset"])
-            applied.append(i)
+        if out.applied.all():
+            applied = list(range(out.steps))
+            columns = out.columns
+            if applied:
+                self.applied_step(self.tracker.ack)
+                if self.audit is not None:
+                    self.audit.add(columns["partition"], columns["offset"])
+                self.tracker.ack(columns["partition"], columns["offset"])
+                self.metrics.observe_trained(
+                    columns["partition"], columns["offset"], columns["timestamp"], now
+                )
+        else:
+            applied = []
+            for i in range(out.steps):
+                meta = out.step_columns(i)
+                if not out.applied[i]:
+                    self._last_data = time.monotonic()
+                    try:
+                        self.skipped_step(meta["partition"], meta["offset"])
+                    except ModelDivergedError as exc:
+                        self._diverged = exc  # no checkpoint of a diverged model at the end
+                        raise
+                    continue
+                self.applied_step(self.tracker.ack)
+                if self.audit is not None:
+                    self.audit.add(meta["partition"], meta["offset"])
+                self.tracker.ack(meta["partition"], meta["offset"])
+                self.metrics.observe_trained(
+                    meta["partition"], meta["offset"], meta["timestamp"], now
+                )
+                applied.append(i)
         if not applied:
             return
         for i in applied:
-            meta = out.step_columns(i)
             n, wait = int(out.rows[i]), float(out.input_wait_seconds[i])
             self.loss = float(out.losses[i])
             self.metrics.observe_step(n, float(out.step_seconds[i]), wait, self.loss)
             if self.first_wait_seconds is None:
                 self.first_wait_seconds = wait
-            self.metrics.observe_trained(meta["partition"], meta["offset"], meta["timestamp"], now)
             self.step += 1
             self.status.waited(wait)
             self.status.maybe(self.step, self.loss)

@@ -346,13 +346,22 @@ class _Compiled:
     structure changed) goes through the ``tf.function``, which traces it.
     """
 
-    def __init__(self, fn: Any) -> None:
+    def __init__(self, fn: Any, *, relax: bool = True) -> None:
+        """``relax``: trace for batches of any size (``_trace_once``); else for ``data`` as
+        it is (arguments that are no batch: an iterator, a step count)."""
         self.fn = fn
+        self._relax = relax
         self._concrete: Any = None
 
     def __call__(self, data: tuple[Any, ...]) -> Any:
         if self._concrete is None:
-            self._concrete = _trace_once(self.fn, data)
+            if self._relax:
+                self._concrete = _trace_once(self.fn, data)
+            elif isinstance(self.fn, tf.types.experimental.PolymorphicFunction):
+                # Traced for the specs, not the values: a pass's new iterator is the same
+                # argument to it (traced for an iterator object, a new one retraced).
+                specs = [tf.type_spec_from_value(v) for v in data]
+                self._concrete = self.fn.get_concrete_function(*specs)
             if self._concrete is None:  # eager (run_eagerly)
                 return self.fn(*data)
         try:
@@ -471,7 +480,7 @@ class Trainer:
             return (*head, *(c.concat()[:n] for c in columns))
 
         eager = bool(getattr(model, "run_eagerly", False))
-        self._steps = steps if eager else tf.function(steps, jit_compile=False)
+        self._steps = _Compiled(steps if eager else tf.function(steps), relax=False)
         self._step = _Compiled(
             step if eager else tf.function(step, jit_compile=jit_compile, reduce_retracing=True)
         )
@@ -525,7 +534,7 @@ class Trainer:
         elif self._meta_names != metadata:
             raise ValueError(f"run_steps: metadata {metadata} after {self._meta_names}")
         with self.strategy.scope():
-            out = self._steps(iterator, tf.constant(limit, tf.int32))
+            out = self._steps((iterator, tf.constant(limit, tf.int32)))
         losses, oks, rows, waits, took, *columns = (t.numpy() for t in out)
         return StepsResult(
             losses.astype(np.float64),
