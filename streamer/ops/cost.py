@@ -92,6 +92,7 @@ class Cost:
         return {
             "records": self.records,
             "wall_seconds": self.wall_seconds,
+            "records_per_second": self.records / max(self.wall_seconds, 1e-9),
             "main_cpu_us_per_record": self.main_cpu_us,
             "child_cpu_us_per_record": self.child_cpu_us,
             "total_cpu_us_per_record": self.total_cpu_us,

@@ -68,6 +68,20 @@ def test_bench_json_reports_every_figure(kafka_bootstrap: str) -> None:
     assert 0 <= out["worker_input_wait_fraction"] <= 1
     assert 0 <= out["worker_process_input_wait_fraction"] <= 1
     assert out["ratio_worker_process_worker"] > 0
+    # Cost per record for every mode but naive: CPU of this process and of the shard
+    # processes (only the process modes have them), the GIL (the probe is built here).
+    costs = out["costs"]
+    assert set(costs) == set(out["modes"]) - {"naive"}, costs
+    for mode, c in costs.items():
+        assert c["main_cpu_us_per_record"] > 0 and c["total_cpu_us_per_record"] > 0, (mode, c)
+        # Thread shards have no child; a child's clock ticks every 10 ms (3,000 records).
+        assert c["child_cpu_us_per_record"] >= 0, (mode, c)
+        if not mode.endswith("-process"):
+            assert c["child_cpu_us_per_record"] == 0, (mode, c)
+        if os.environ.get("REQUIRE_NATIVE_DECODER"):  # CI: the GIL probe must be built
+            assert c["gil_us_per_record"] > 0 and 0 < c["gil_held_fraction"] <= 1, (mode, c)
+        assert c["ceiling_records_per_second"] > 0, (mode, c)
+    assert out["ceiling_cores"] == 16
     soak = out["soak"]
     # Every soak pass reads the whole topic again: whole multiples of it, at least two passes.
     assert soak["passes"] >= 2 and soak["records"] == soak["passes"] * 3000, soak
@@ -92,7 +106,12 @@ def test_bench_confluent_modes_and_soak(kafka_bootstrap: str) -> None:
             "--repeats",
             "1",
             "--modes",
-            "pipeline,raw-confluent,pipeline-confluent,pipeline-confluent-process,worker-confluent",
+            "pipeline,raw-confluent,pipeline-confluent,pipeline-confluent-process,"
+            "worker-confluent-process",
+            "--steps-per-execution",
+            "1,4",
+            "--ceiling-cores",
+            "8",
             "--soak-seconds",
             "3",
             "--soak-client",
@@ -109,7 +128,16 @@ def test_bench_confluent_modes_and_soak(kafka_bootstrap: str) -> None:
     assert all(m["records_per_second_median"] > 0 for m in out["modes"].values()), out
     assert out["ratio_pipeline_confluent_pipeline"] > 0
     assert out["ratio_pipeline_confluent_raw_confluent"] > 0
-    assert 0 <= out["worker_confluent_input_wait_fraction"] <= 1
+    assert 0 <= out["worker_confluent_process_input_wait_fraction"] <= 1
+    # Each worker and pipeline mode again with 4 steps a call (batches taken in the graph).
+    spe = {m for m in out["modes"] if m.endswith("+spe4")}
+    assert spe == {
+        "pipeline+spe4",
+        "pipeline-confluent+spe4",
+        "pipeline-confluent-process+spe4",
+        "worker-confluent-process+spe4",
+    }, out["modes"]
+    assert out["ceiling_cores"] == 8 and set(out["costs"]) == set(out["modes"]), out["costs"]
     soak = out["soak"]
     assert soak["client"] == "confluent"
     assert soak["passes"] >= 2 and soak["records"] == soak["passes"] * 3000, soak
