@@ -440,7 +440,7 @@ def _drain(k: int) -> Any:
         nonlocal concrete
         if concrete is None:
             concrete = drain.get_concrete_function(tf.type_spec_from_value(iterator))
-        return concrete(iterator)  # type: ignore[no-any-return]
+        return concrete(iterator)
 
     return call
 
