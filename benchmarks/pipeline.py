@@ -523,11 +523,13 @@ def _watch_worker(
 ) -> None:
     """The cost windows of a benchmarked worker, sampled every 5 ms from its own counters.
 
-    The main process: from its first step to its n-th record trained (the model's trace and
-    the group join before the first step are not per record). Shard processes: from their
-    first record handed over to their end, over the records they handed over in it (they
-    read ahead of the trainer, by the pipeline's buffers, and close when the pass has its
-    records, often long before the trainer has trained them)."""
+    The main process, in a steady state: from the moment the records the pipeline held at the
+    first step are trained (while the model was traced and the group joined, the shards read
+    ahead, into tf.data's buffers; training those is faster than the input can be) to its n-th
+    record trained; from the first step when that would leave under a fifth of the records.
+    Shard processes: from their first record handed over to their end, over the records they
+    handed over in it (they close when the pass has its records, often long before the
+    trainer has trained them)."""
 
     def trained() -> float:
         reg = worker.metrics.registry if worker.metrics is not None else None
@@ -544,7 +546,8 @@ def _watch_worker(
     while waiting() and not shards:
         source = getattr(worker, "source", None)
         open_now = list(source.router.shards()) if source is not None else []
-        if open_now and _handed_over(open_now) > 0:
+        threads = not any(hasattr(s, "records_received") for s in open_now)
+        if open_now and (threads or _handed_over(open_now) > 0):
             shards = open_now
         else:
             time.sleep(0.005)
@@ -554,9 +557,16 @@ def _watch_worker(
         time.sleep(0.005)
     if worker.step < 1:
         return
+    backlog = worker.source.records_emitted  # in tf.data's buffers, or trained: read ahead
     main = CostMeter()
     main.start()
     first = trained()
+    while trained() < min(backlog, n) and waiting():
+        time.sleep(0.005)
+    if n - trained() >= n / 5:
+        main = CostMeter()
+        main.start()
+        first = trained()
     while trained() < n and waiting():
         time.sleep(0.005)
     got = trained()
