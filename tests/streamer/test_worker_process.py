@@ -71,37 +71,18 @@ def tails(*workers: WorkerProcess) -> str:
 
 
 @pytest.mark.kafka
-@pytest.mark.parametrize("steps_per_execution", [1, 8])
 def test_run_to_idle_trains_every_record_once_and_commits_the_end(
-    kafka_bootstrap: str,
-    make_topic: Callable[..., str],
-    group_id: str,
-    tmp_path: Path,
-    steps_per_execution: int,
+    kafka_bootstrap: str, make_topic: Callable[..., str], group_id: str, tmp_path: Path
 ) -> None:
-    """With --steps-per-execution 8 the batches are taken inside the compiled call: the same
-    records, each once, the same step count (the pass's last call takes the 7 left), the same
-    commits, and the checkpoint at the end holds the same offsets."""
     topic = make_topic(PARTITIONS)
     produce(kafka_bootstrap, topic, 20_000, partitions=PARTITIONS)
     ends = end_offsets(kafka_bootstrap, topic)
     assert sum(ends.values()) == 20_000 and all(ends.values()), ends
     audit = tmp_path / "audit.csv"
-    several = steps_per_execution > 1
 
     t0 = time.monotonic()
     worker = WorkerProcess.start(
-        worker_args(
-            kafka_bootstrap,
-            topic,
-            group_id,
-            audit,
-            shards=SHARDS,
-            batch_size=BATCH,
-            checkpoint_dir=tmp_path / "ckpt" if several else None,
-            checkpoint_every_steps=12 if several else None,  # not a multiple of 8
-            extra=["--steps-per-execution", str(steps_per_execution)],
-        ),
+        worker_args(kafka_bootstrap, topic, group_id, audit, shards=SHARDS, batch_size=BATCH),
         tmp_path / "worker.log",
     )
     rc = worker.wait(START_S + 60)
@@ -111,12 +92,6 @@ def test_run_to_idle_trains_every_record_once_and_commits_the_end(
 
     assert_exactly_once(read_audit(audit, topic), all_records(ends), worker.tail())
     assert committed_offsets(kafka_bootstrap, group_id, topic) == ends, worker.tail()
-    if several:
-        # Checkpoints at the calls that reach a due step (12 steps: calls of 8 reach it at 16,
-        # 32, 40, ...), each before its commit; the last at the end of the pass, at step 79.
-        steps = [int(m) for m in re.findall(r"checkpoint \S+ at step (\d+)", worker.log())]
-        assert steps and steps[-1] == -(-20_000 // BATCH), worker.tail()
-        assert all(s % 8 == 0 for s in steps[:-1]), steps
     print(f"run to idle: 20,000 records in {took:.1f}s including start-up and {IDLE_S}s idle")
 
 
@@ -475,7 +450,7 @@ def test_restart_restores_step_offsets_and_model_from_the_checkpoint(
         shards=SHARDS,
         batch_size=BATCH,
         checkpoint_dir=ckpt,
-        extra=["--status-interval", "0.05"],
+        extra=["--status-interval", "0.001"],  # a line at (nearly) every step: 79 steps take ~0.1 s
     )
     produce(kafka_bootstrap, topic, 20_000, partitions=PARTITIONS, seed=1)
     ends1 = end_offsets(kafka_bootstrap, topic)
@@ -502,10 +477,16 @@ def test_restart_restores_step_offsets_and_model_from_the_checkpoint(
     assert restored == (steps1, ends1), f"checkpoint {restored} != ({steps1}, {ends1})"
     assert committed_offsets(kafka_bootstrap, group_id, topic) == ends1
 
+    # The second run takes 8 steps a call (--steps-per-execution): restored from a checkpoint
+    # of one step a call, it goes on in calls of 8 batches taken in the graph, trains each new
+    # record once and checkpoints at its end (40 steps: 5 calls).
     produce(kafka_bootstrap, topic, 10_000, partitions=PARTITIONS, seed=2)
     ends2 = end_offsets(kafka_bootstrap, topic)
     lines1 = audit_lines(audit)
-    second = WorkerProcess.start(args, tmp_path / "worker-2.log")
+    second = WorkerProcess.start(
+        [*args, "--steps-per-execution", "8", "--checkpoint-every-steps", "12"],
+        tmp_path / "worker-2.log",
+    )
     assert second.wait(START_S + 60) == 0, second.tail()
     assert second.restored() == (steps1, ends1), second.tail()
     assert second.starting_step() == steps1, second.tail()
@@ -514,6 +495,12 @@ def test_restart_restores_step_offsets_and_model_from_the_checkpoint(
     resumed = progress2[0].loss
     stopped2 = second.stopped()
     assert stopped2 is not None and stopped2[1] == steps1 + -(-10_000 // BATCH), second.tail()
+
+    assert committed_offsets(kafka_bootstrap, group_id, topic) == ends2, second.tail()
+    # Checkpoints only between calls: at the calls that reach a due step, and at the end.
+    saved = [int(m) for m in re.findall(r"checkpoint \S+ at step (\d+)", second.log())]
+    assert saved and saved[-1] == stopped2[1], second.tail()
+    assert all((s - steps1) % 8 == 0 for s in saved), (saved, steps1)
 
     # The second run resumed at the checkpoint's offsets: it trained the new records only,
     # once each.
