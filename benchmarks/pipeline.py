@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import statistics
 import sys
 import threading
@@ -17,7 +18,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from consumers.settings import ConsumerSettings, KafkaClient, SecuritySettings
-from streamer.ops.cost import Cost, CostMeter
+from streamer.ops.cost import Cost, CostMeter, warm_up
 
 if TYPE_CHECKING:
     from streamer.cli.config import WorkerConfig
@@ -385,7 +386,8 @@ def bench_pipeline(
     # measured; a cost per pass, not per record, which a worker pays once per pass and which
     # made this figure jump between ~55k and ~100k records/s run to run).
     iterator = iter(source.dataset())
-    drain = _drain(steps_per_execution) if steps_per_execution > 1 else None
+    # Traced before the clock starts (a worker traces its compiled steps before its first).
+    drain = _drain(steps_per_execution, iterator) if steps_per_execution > 1 else None
     for batch in iterator:
         if t0 is None:
             t0 = time.perf_counter()
@@ -409,9 +411,10 @@ def bench_pipeline(
     return got / (t1 - (t0 or t1) + 1e-9)
 
 
-def _drain(k: int) -> Any:
+def _drain(k: int, iterator: Any) -> Any:
     """A compiled function taking up to ``k`` batches from an iterator in the graph (as the
-    worker's --steps-per-execution does): (rows, whether the iterator ended)."""
+    worker's --steps-per-execution does): (rows, whether the iterator ended). Traced here,
+    for ``iterator``'s spec."""
     import tensorflow as tf
 
     @tf.function
@@ -432,17 +435,9 @@ def _drain(k: int) -> Any:
         _, n, ended = tf.while_loop(cond, body, (0, tf.constant(0, tf.int64), False))
         return n, ended
 
-    concrete: Any = None
-
-    def call(iterator: Any) -> tuple[Any, Any]:
-        # Through the concrete function for the iterator's spec, as the worker's
-        # Trainer.run_steps calls its compiled steps.
-        nonlocal concrete
-        if concrete is None:
-            concrete = drain.get_concrete_function(tf.type_spec_from_value(iterator))
-        return concrete(iterator)
-
-    return call
+    # Called through the concrete function for the iterator's spec, as the worker's
+    # Trainer.run_steps calls its compiled steps.
+    return drain.get_concrete_function(tf.type_spec_from_value(iterator))
 
 
 def _handed_over(shards: list[Any]) -> int:
@@ -458,8 +453,9 @@ def bench_worker(
     costs: list[Cost] | None = None,
     steps_per_execution: int = 1,
 ) -> tuple[float, float]:
-    """The worker with the default model: records trained per second of wall time from its
-    first step to its n-th record, and the share of input wait in input wait + step time;
+    """The worker with the default model: records trained per second of wall time in its
+    steady state (``_watch_worker``: from when the records its pipeline held at the first step
+    are trained to its n-th record), and the share of input wait in input wait + step time;
     its cost per record over the same window appended to ``costs``."""
     from streamer.cli.config import load_config
     from streamer.worker import Worker
@@ -852,8 +848,11 @@ def run_bench(
     from streamer.ops.gctune import tune_gc
 
     tune_gc()  # every mode runs with the worker's GC settings
+    warm_up()  # the GIL sampler's first start is not any mode's cost
     if task is not None and len(codecs) > 1:
         raise ValueError("a task or schema is measured with one codec")
+    if task is not None and steps_per_execution != (1,):
+        raise ValueError("a task or schema is measured with one step a call")
     schema = task.schema() if task is not None else None
     size = record_bytes
     if task is not None and not record_bytes:
@@ -955,7 +954,8 @@ def run_bench(
             order = [m for i in range(0, len(order), 2) for m in (order[i + 1], order[i])]
         for key, name, run in order:
             mode, _, decoder = key.partition("/")
-            n_shards = int(mode.partition("@")[2] or shards)  # pipeline-process@2: 2 shards
+            at = re.match(r"[^@+]*@(\d+)", mode)  # pipeline-process@2(+spe8): 2 shards
+            n_shards = int(at.group(1)) if at else shards
             if decoder:  # read by the decode map here and in shard children (inherited)
                 os.environ["STREAMER_DECODER"] = decoder
             else:

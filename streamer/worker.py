@@ -13,7 +13,7 @@ from typing import IO, Any
 import tensorflow as tf
 
 from consumers import ShardHooks, ShardLike
-from consumers.errors import ModelDivergedError, StreamerError
+from consumers.errors import ModelDivergedError, PipelineError, StreamerError
 from consumers.settings import ConsumerSettings
 from streamer.cli.config import WorkerConfig, shard_runtime_choice
 from streamer.cli.replay import write_marker
@@ -90,6 +90,9 @@ class Worker(Lifecycle):
         self.evaluator: Evaluator | None = None
         self.probe: BrokerProbe | None = None
         self._diverged: ModelDivergedError | None = None
+        #: A call of several steps failed part way: the model holds steps whose records were
+        #: never acknowledged, so no checkpoint may be written from it (``_run_steps``).
+        self._untracked = False
         self._final_lag: int | None = None  # the lag as the last pass ended (status line)
         self._start: StreamStart | None = None
         self._metrics_window = time.monotonic()
@@ -373,14 +376,16 @@ class Worker(Lifecycle):
             ):
                 if self._stopping.is_set() and drain_until is None:
                     drain_until = self._begin_drain()
-                if self.profiler is not None:
-                    self.profiler.before_step(self.step)
                 if self.config.steps_per_execution > 1:
-                    taken, limit = self._run_steps(iterator)
-                    if taken < limit:
+                    if self.profiler is not None:
+                        k = self.config.steps_per_execution
+                        self.profiler.before_steps(self.step, self.step + k)
+                    if self._run_steps(iterator):
                         exhausted = True
                         break
                     continue
+                if self.profiler is not None:
+                    self.profiler.before_step(self.step)
                 t0 = time.perf_counter()
                 self.health.waiting("trainer", "waiting for input")
                 batch = source.next_batch(iterator)  # a step in flight runs meanwhile
@@ -420,27 +425,40 @@ class Worker(Lifecycle):
             )
         return exhausted and not self._stopping.is_set()
 
-    def _run_steps(self, iterator: Any) -> tuple[int, int]:
+    def _run_steps(self, iterator: Any) -> bool:
         """Up to --steps-per-execution steps in one call of the compiled function
-        (``Trainer.run_steps``), then what each step is followed by, in order (``_settle``'s
-        work, its records acknowledged before any checkpoint); (steps taken, steps asked):
-        fewer taken means the pass's input ended."""
+        (``Trainer.run_steps``), then what each step is followed by (``_settle``'s work, the
+        records acknowledged before any checkpoint); True when the pass's input ended. A call
+        ends early after a step whose batch took over ``OVERLAP_MAX_WAIT_S`` to come: on a
+        slow stream the records trained are acknowledged, committed and seen in freshness as
+        promptly as one step a call."""
         cfg = self.config
         limit = cfg.steps_per_execution
         if cfg.max_steps is not None:
             limit = max(1, min(limit, cfg.max_steps - self.step))
         self.health.waiting("trainer", "waiting for input")
         try:
-            out = self.trainer.run_steps(iterator, limit, METADATA_COLUMNS)
+            out = self.trainer.run_steps(
+                iterator, limit, METADATA_COLUMNS, max_wait_seconds=OVERLAP_MAX_WAIT_S
+            )
         except tf.errors.OpError as exc:
-            # The input's errors come out of the compiled call too: a shard's is raised as
-            # next_batch raises it; any other is the step's or the pipeline's own, as it is.
+            # The steps of this call before the failure were applied and their records are
+            # unknown here: the pass ends without a checkpoint, so the latest one still holds
+            # exactly the steps acknowledged (a restart trains those records again).
+            self._untracked = True
+            log.warning(
+                "a call of --steps-per-execution %d failed part way: no checkpoint at the end "
+                "of this pass (the latest holds exactly the steps acknowledged)",
+                cfg.steps_per_execution,
+            )
             cause = self.source.shard_failure()
             if isinstance(cause, StreamerError):
                 raise cause from exc
-            raise
+            raise PipelineError(
+                "the training steps (their input or the model)", exc.message
+            ) from exc
         self._settle_steps(out)
-        return out.steps, limit
+        return out.ended
 
     def _settle_steps(self, out: StepsResult) -> None:
         """The steps of one call, as ``_settle`` settles one: first every step's records (the
@@ -492,7 +510,8 @@ class Worker(Lifecycle):
             self.step += 1
             self.status.waited(wait)
             self.status.maybe(self.step, self.loss)
-            self._after_step(n, wait)
+        samples = int(out.rows[applied].sum())
+        self._after_step(samples, float(out.input_wait_seconds[applied].sum()), len(applied))
         self.health.beat("trainer")
         self._last_data = time.monotonic()
         self.committer.after_step(self.step)
@@ -604,17 +623,21 @@ class Worker(Lifecycle):
         if self.summaries is not None:
             self.summaries.train_metrics(self.step, values)
 
-    def _after_step(self, samples: int, input_wait_seconds: float) -> None:
+    def _after_step(self, samples: int, input_wait_seconds: float, steps: int = 1) -> None:
+        """What follows ``steps`` steps that ended at ``self.step`` (several: one call of
+        --steps-per-execution, after all of them ran: an export or evaluation due at a step
+        among them runs once, with the model as the call left it)."""
         cfg = self.config
         if self.profiler is not None:
             self.profiler.after_step(self.step)
-        self._steps_in_window += 1
+        self._steps_in_window += steps
         self._publish_train_metrics()
         if self.summaries is not None:
             self.summaries.observe(self.step, self.loss, samples, input_wait_seconds)
         if self.evaluator is not None and self._evaluation_due():
             self._evaluate()
-        if self.exporter is not None and self.step % cfg.export_every_steps == 0:
+        every = cfg.export_every_steps
+        if self.exporter is not None and self.step // every > (self.step - steps) // every:
             self._export()
 
     def _export(self) -> None:
@@ -708,7 +731,7 @@ class Worker(Lifecycle):
             self._final_lag = int(self.metrics.snapshot()["consumer_lag_records"])
         try:
             committer = self.committer
-            if self._diverged is not None:
+            if self._diverged is not None or self._untracked:
                 if not committer.checkpointing:
                     committer.commit(committer.done_points(), self.step)
                 return

@@ -600,6 +600,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         raise ConfigError("compression", args.compression, "one codec with --topic")
     if task is not None and len(codecs) > 1:
         raise ConfigError("compression", args.compression, "one codec with --schema or --task")
+    if task is not None and args.steps_per_execution.strip() != "1":
+        raise ConfigError(
+            "steps_per_execution", args.steps_per_execution, "1 with --schema or --task"
+        )
     decoders = tuple(d.strip().lower() for d in args.decoders.split(",") if d.strip())
     if not decoders or len(set(decoders)) != len(decoders) or set(decoders) - {"auto", "python"}:
         raise ConfigError("decoders", args.decoders, "auto and/or python, comma-separated")

@@ -19,13 +19,14 @@ from ``streamer.ops._gilprobe`` (a C thread sampling CPython's "GIL locked" flag
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from consumers.cpu import process_cpu_seconds
 
-__all__ = ["Cost", "CostMeter", "gil_probe_available", "process_cpu_seconds"]
+__all__ = ["Cost", "CostMeter", "gil_probe_available", "process_cpu_seconds", "warm_up"]
 
 try:
     from streamer.ops import _gilprobe  # type: ignore[attr-defined]
@@ -105,6 +106,37 @@ class Cost:
         }
 
 
+_probe_lock = threading.Lock()
+_probe_users = 0  # meters measuring now: the sampler runs while there is one
+
+
+def _probe_start(interval_us: int) -> None:
+    global _probe_users
+    with _probe_lock:
+        if _probe_users == 0:
+            assert _gilprobe is not None
+            _gilprobe.start(interval_us)
+        _probe_users += 1
+
+
+def _probe_stop() -> None:
+    global _probe_users
+    with _probe_lock:
+        _probe_users -= 1
+        if _probe_users == 0 and _gilprobe is not None:
+            _gilprobe.stop()
+
+
+def warm_up() -> None:
+    """Measure a short window once: the first window of a process costs it about 50 ms of CPU
+    more (seen here, whatever the window's length; the next ones do not), which a
+    benchmark's first mode must not pay."""
+    meter = CostMeter()
+    meter.start()
+    time.sleep(0.1)
+    meter.stop(1)
+
+
 class CostMeter:
     """Measures a window: ``start()``, the work, ``stop(records)``.
 
@@ -126,7 +158,7 @@ class CostMeter:
         self._t0 = 0.0
         self._cpu0 = 0.0
         self._children0: dict[object, float] = {}
-        self._gil0: tuple[int, int] | None = None
+        self._gil0: tuple[int, int, int] | None = None
 
     def _children(self) -> dict[object, float]:
         return {k: v for k, v in self._children_cpu().items() if v is not None}
@@ -134,7 +166,7 @@ class CostMeter:
     def start(self) -> None:
         if gil_probe_available():
             assert _gilprobe is not None
-            _gilprobe.start(self._interval_us)  # one sampler per process; False if running
+            _probe_start(self._interval_us)  # one sampler per process, while a meter runs
             self._gil0 = _gilprobe.read()
         self._children0 = self._children()
         self._cpu0 = time.process_time()
@@ -145,9 +177,13 @@ class CostMeter:
         cpu = time.process_time() - self._cpu0
         gil: float | None = None
         if self._gil0 is not None and _gilprobe is not None:
-            held, samples = _gilprobe.read()
+            held, samples, probe_ns = _gilprobe.read()
+            _probe_stop()
             h, s = held - self._gil0[0], samples - self._gil0[1]
             gil = wall * h / s if s else None
+            # The sampler is a thread of this process: its own CPU is not the work's.
+            cpu = max(cpu - (probe_ns - self._gil0[2]) / 1e9, 0.0)
+            self._gil0 = None
         now = self._children()
         child = sum(now.get(k, c0) - c0 for k, c0 in self._children0.items())
         child += sum(c for k, c in now.items() if k not in self._children0)

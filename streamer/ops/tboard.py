@@ -127,6 +127,13 @@ class ProfileWindow:
         self.active = True
         log.info("profiling steps %d:%d into %s", self.start, self.stop, self.logdir)
 
+    def before_steps(self, first: int, end: int) -> None:
+        """Before steps ``first`` to ``end`` (exclusive) run in one call: open the window if
+        one of them is in it (``--steps-per-execution``)."""
+        at = max(first, self.start)
+        if at < end:
+            self.before_step(at)
+
     def after_step(self, step: int) -> None:
         if self.active and step >= self.stop:
             self.finish()

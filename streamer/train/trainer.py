@@ -84,7 +84,7 @@ class StepHandle:
 class StepsResult(NamedTuple):
     """Several steps of one call (``Trainer.run_steps``), in order: per step its loss, whether
     it was applied, its rows, the seconds it waited for its batch and the seconds its step took;
-    and the metadata columns of all their rows, step after step."""
+    the metadata columns of all their rows, step after step; whether the iterator ended."""
 
     losses: np.ndarray
     applied: np.ndarray
@@ -92,6 +92,8 @@ class StepsResult(NamedTuple):
     input_wait_seconds: np.ndarray
     step_seconds: np.ndarray
     columns: dict[str, np.ndarray]
+    #: The iterator ended during the call (the pass's input is over).
+    ended: bool = False
 
     @property
     def steps(self) -> int:
@@ -406,26 +408,35 @@ class Trainer:
         def evaluate(x: Any, y: Any, sample_weight: Any) -> None:
             strategy_.run(keras_test_step, args=(model, x, y, sample_weight))
 
-        self._meta_names: tuple[str, ...] = ()
+        self._meta_names: tuple[str, ...] | None = None
+        # With --jit-compile each step of a call is the XLA-compiled step, as with one a call.
+        inner = tf.function(step, jit_compile=True) if jit_compile else step
 
         @tf.autograph.experimental.do_not_convert
-        def steps(iterator: Any, limit: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        def steps(iterator: Any, limit: tf.Tensor, max_wait: tf.Tensor) -> tuple[tf.Tensor, ...]:
             """Up to ``limit`` steps on the iterator's next batches, in one call (Keras'
             ``steps_per_execution``): each step is ``step`` (Keras' train_step, gated on
-            finiteness); it stops early, fetching nothing more, when the iterator ends. The
-            clock is read around each fetch (``tf.timestamp``), so input wait and step time
-            stay per step."""
-            names = self._meta_names
+            finiteness). It stops early, fetching nothing more, when the iterator ends, and
+            after a step whose batch took more than ``max_wait`` seconds to come (a slow
+            stream: its records are acknowledged now, not after ``limit`` batches). The clock
+            is read around each fetch (``tf.timestamp``), so input wait and step time stay per
+            step."""
+            names = self._meta_names or ()
             dtypes = [iterator.element_spec[n].dtype for n in names]
 
             def new(dtype: tf.DType) -> tf.TensorArray:
                 return tf.TensorArray(dtype, size=0, dynamic_size=True, infer_shape=False)
 
-            def cond(i: tf.Tensor, ended: tf.Tensor, *_: Any) -> tf.Tensor:
-                return tf.logical_and(i < limit, tf.logical_not(ended))
+            def cond(i: tf.Tensor, ended: tf.Tensor, slow: tf.Tensor, *_: Any) -> tf.Tensor:
+                go = tf.logical_not(tf.logical_or(ended, slow))
+                return tf.logical_and(i < limit, go)
 
             def body(
-                i: tf.Tensor, ended: tf.Tensor, last: tf.Tensor, *arrays: tf.TensorArray
+                i: tf.Tensor,
+                ended: tf.Tensor,
+                slow: tf.Tensor,
+                last: tf.Tensor,
+                *arrays: tf.TensorArray,
             ) -> tuple[Any, ...]:
                 with tf.control_dependencies([last]):  # after the previous step
                     t0 = tf.timestamp()
@@ -438,7 +449,7 @@ class Trainer:
                 def train() -> tuple[tf.Tensor, ...]:
                     batch = dict(opt.get_value())
                     meta = [batch.pop(n) for n in names]
-                    loss, ok = step(*self.data(batch))
+                    loss, ok = inner(*self.data(batch))
                     return (loss, ok, *meta)
 
                 def none() -> tuple[tf.Tensor, ...]:
@@ -453,6 +464,7 @@ class Trainer:
                 return (
                     i + tf.cast(has, tf.int32),
                     tf.logical_not(has),
+                    tf.logical_and(has, t1 - t0 > max_wait),
                     t2,
                     losses.write(i, loss),
                     oks.write(i, ok),
@@ -465,6 +477,7 @@ class Trainer:
             start = (
                 tf.constant(0),
                 tf.constant(False),
+                tf.constant(False),
                 tf.timestamp(),
                 new(tf.float32),
                 new(tf.bool),
@@ -473,11 +486,12 @@ class Trainer:
                 new(tf.float64),
                 *(new(d) for d in dtypes),
             )
-            count, _, _, losses, oks, rows, waits, took, *columns = tf.while_loop(cond, body, start)
+            loop = tf.while_loop(cond, body, start)
+            count, ended, _, _, losses, oks, rows, waits, took, *columns = loop
             # The last write may be an ended fetch's (index ``count``): cut it off.
             head = [a.stack()[:count] for a in (losses, oks, rows, waits, took)]
             n = tf.reduce_sum(head[2])
-            return (*head, *(c.concat()[:n] for c in columns))
+            return (ended, *head, *(c.concat()[:n] for c in columns))
 
         eager = bool(getattr(model, "run_eagerly", False))
         self._steps = _Compiled(steps if eager else tf.function(steps), relax=False)
@@ -521,21 +535,29 @@ class Trainer:
         iterator: Any,
         limit: int,
         metadata: tuple[str, ...] = ("partition", "offset", "timestamp"),
+        *,
+        max_wait_seconds: float = math.inf,
     ) -> StepsResult:
         """Up to ``limit`` steps on ``iterator``'s next batches in one call of the compiled
-        function (``--steps-per-execution``); fewer when the iterator ends (none: it had
-        ended). The ``metadata`` columns are not the model's: they come back, step by step.
+        function (``--steps-per-execution``): fewer when the iterator ends (``ended``; no
+        step: it had ended), or after a step whose batch took more than
+        ``max_wait_seconds`` to come. The ``metadata`` columns (at least one) are not the
+        model's: they come back, step by step.
 
         One call costs the main interpreter's GIL about what one step's call did (profiled),
         so ``limit`` steps cost it ``1 / limit`` as much per step. Errors of the input come as
-        the iterator raises them (``tf.errors.OpError``)."""
-        if not self._meta_names:
+        the iterator raises them (``tf.errors.OpError``): the steps of the call before the
+        failing fetch were applied to the model, and their records are not returned."""
+        if not metadata:
+            raise ValueError("run_steps: name at least one metadata column (rows per step)")
+        if self._meta_names is None:
             self._meta_names = metadata
         elif self._meta_names != metadata:
             raise ValueError(f"run_steps: metadata {metadata} after {self._meta_names}")
+        args = (iterator, tf.constant(limit, tf.int32), tf.constant(max_wait_seconds, tf.float64))
         with self.strategy.scope():
-            out = self._steps((iterator, tf.constant(limit, tf.int32)))
-        losses, oks, rows, waits, took, *columns = (t.numpy() for t in out)
+            out = self._steps(args)
+        ended, losses, oks, rows, waits, took, *columns = (t.numpy() for t in out)
         return StepsResult(
             losses.astype(np.float64),
             oks.astype(bool),
@@ -543,6 +565,7 @@ class Trainer:
             waits,
             took,
             dict(zip(metadata, columns, strict=True)),
+            bool(ended),
         )
 
     def evaluate(self, batch: Mapping[str, Any]) -> None:

@@ -479,7 +479,7 @@ def test_restart_restores_step_offsets_and_model_from_the_checkpoint(
 
     # The second run takes 8 steps a call (--steps-per-execution): restored from a checkpoint
     # of one step a call, it goes on in calls of 8 batches taken in the graph, trains each new
-    # record once and checkpoints at its end (40 steps: 5 calls).
+    # record once and checkpoints at its end (40 steps).
     produce(kafka_bootstrap, topic, 10_000, partitions=PARTITIONS, seed=2)
     ends2 = end_offsets(kafka_bootstrap, topic)
     lines1 = audit_lines(audit)
@@ -497,10 +497,11 @@ def test_restart_restores_step_offsets_and_model_from_the_checkpoint(
     assert stopped2 is not None and stopped2[1] == steps1 + -(-10_000 // BATCH), second.tail()
 
     assert committed_offsets(kafka_bootstrap, group_id, topic) == ends2, second.tail()
-    # Checkpoints only between calls: at the calls that reach a due step, and at the end.
+    # Checkpoints between calls (a call may end early after a batch that was slow to come),
+    # the last at the end of the pass; each was followed by its commit, so the group's
+    # commits are the checkpoint's offsets: the end.
     saved = [int(m) for m in re.findall(r"checkpoint \S+ at step (\d+)", second.log())]
-    assert saved and saved[-1] == stopped2[1], second.tail()
-    assert all((s - steps1) % 8 == 0 for s in saved), (saved, steps1)
+    assert saved and saved[-1] == stopped2[1] and len(saved) >= 2, second.tail()
 
     # The second run resumed at the checkpoint's offsets: it trained the new records only,
     # once each.

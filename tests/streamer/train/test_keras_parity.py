@@ -315,6 +315,7 @@ def test_steps_per_execution_matches_model_fit_with_the_same_setting(style: str)
         if out.steps < 4:
             break
     assert [r.steps for r in results] == [4, 4, 1]  # 9 batches; the last call ends early
+    assert [r.ended for r in results] == [False, False, True]
     assert all(r.applied.all() and np.isfinite(r.losses).all() for r in results)
     offsets = np.concatenate([r.columns["offset"] for r in results])
     assert offsets.tolist() == list(range(ROWS))  # every row once, in order
@@ -373,8 +374,53 @@ def test_steps_per_execution_reads_input_wait_and_step_time_per_step() -> None:
     iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(slow))
     trainer.run_steps(iterator, 1, META)  # traced here
     out = trainer.run_steps(iterator, 6, META)
-    assert out.steps == 6
+    assert out.steps == 6 and not out.ended
     assert (out.input_wait_seconds >= 0.018).all(), out.input_wait_seconds
     # A step of this small model takes well under a millisecond; the median leaves room for
     # a loaded machine's hiccups.
     assert np.median(out.step_seconds) < 0.25 * np.median(out.input_wait_seconds), out
+
+
+def test_a_call_of_several_steps_ends_after_a_slow_batch() -> None:
+    """On a slow stream a call does not wait for all its batches: it ends after a step whose
+    batch took longer than ``max_wait_seconds`` (its records are acknowledged now), and the
+    iterator has not ended."""
+    schema = km.schema_regression()
+    data = _with_metadata(_regression_data())
+
+    def slow(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        def pause(x: Any) -> Any:
+            time.sleep(0.03)
+            return x
+
+        offset = tf.py_function(pause, [batch["offset"]], tf.int64)
+        offset.set_shape([None])
+        return {**batch, "offset": offset}
+
+    trainer = Trainer(bundle_for(km.build_string_loss(schema), schema, "test"))
+    iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(slow))
+    out = trainer.run_steps(iterator, 8, META, max_wait_seconds=0.01)
+    assert out.steps == 1 and not out.ended, out
+    out = trainer.run_steps(iterator, 8, META, max_wait_seconds=1.0)
+    assert out.steps == 8 and not out.ended, out  # batches 2-9 of 9: the input is not over yet
+    out = trainer.run_steps(iterator, 8, META, max_wait_seconds=1.0)
+    assert out.steps == 0 and out.ended
+
+
+def test_a_call_that_fails_part_way_has_applied_the_steps_before_the_failure() -> None:
+    """What the worker's ``_untracked`` flag is for: the input fails at the third batch of a
+    call; the first two steps were applied and no result comes back, so the worker writes no
+    checkpoint from that model (``Worker._run_steps``)."""
+    schema = km.schema_regression()
+    data = _with_metadata(_regression_data())
+
+    def fail_third(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+        first = batch["offset"][0]
+        tf.debugging.assert_less(first, tf.constant(2 * BATCH, tf.int64), "input broke")
+        return batch
+
+    trainer = Trainer(bundle_for(km.build_string_loss(schema), schema, "test"))
+    iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(fail_third))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input broke"):
+        trainer.run_steps(iterator, 4, META)
+    assert int(trainer.model.optimizer.iterations.numpy()) == 2
