@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import IO, Any
 
+import numpy as np
 import tensorflow as tf
 
 from consumers import ShardHooks, ShardLike
@@ -472,10 +473,7 @@ class Worker(Lifecycle):
             applied = list(range(out.steps))
             columns = out.columns
             if applied:
-                self.applied_step(self.tracker.ack)
-                if self.audit is not None:
-                    self.audit.add(columns["partition"], columns["offset"])
-                self.tracker.ack(columns["partition"], columns["offset"])
+                self._acknowledge(columns["partition"], columns["offset"])
                 self.metrics.observe_trained(
                     columns["partition"], columns["offset"], columns["timestamp"], now
                 )
@@ -484,17 +482,9 @@ class Worker(Lifecycle):
             for i in range(out.steps):
                 meta = out.step_columns(i)
                 if not out.applied[i]:
-                    self._last_data = time.monotonic()
-                    try:
-                        self.skipped_step(meta["partition"], meta["offset"])
-                    except ModelDivergedError as exc:
-                        self._diverged = exc  # no checkpoint of a diverged model at the end
-                        raise
+                    self._skipped(meta["partition"], meta["offset"])
                     continue
-                self.applied_step(self.tracker.ack)
-                if self.audit is not None:
-                    self.audit.add(meta["partition"], meta["offset"])
-                self.tracker.ack(meta["partition"], meta["offset"])
+                self._acknowledge(meta["partition"], meta["offset"])
                 self.metrics.observe_trained(
                     meta["partition"], meta["offset"], meta["timestamp"], now
                 )
@@ -541,18 +531,10 @@ class Worker(Lifecycle):
         meta, wait = step.meta, step.input_wait
         n = len(meta["offset"])
         if not result.applied:
-            self._last_data = time.monotonic()
-            try:
-                self.skipped_step(meta["partition"], meta["offset"])
-            except ModelDivergedError as exc:
-                self._diverged = exc  # no checkpoint of a diverged model at the end
-                raise
+            self._skipped(meta["partition"], meta["offset"])
             return
         self.loss = result.loss
-        self.applied_step(self.tracker.ack)  # a run of skipped steps ended
-        if self.audit is not None:
-            self.audit.add(meta["partition"], meta["offset"])
-        self.tracker.ack(meta["partition"], meta["offset"])
+        self._acknowledge(meta["partition"], meta["offset"])
         assert self.metrics is not None
         self.metrics.observe_step(n, step_seconds, wait, self.loss)
         if self.first_wait_seconds is None:
@@ -571,6 +553,24 @@ class Worker(Lifecycle):
         cfg = self.config
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
             self.request_stop(f"--max-steps {cfg.max_steps}")
+
+    def _skipped(self, partition: np.ndarray, offset: np.ndarray) -> None:
+        """A step was not applied (not finite): its records wait (``Lifecycle.skipped_step``);
+        a diverged model is never checkpointed at the end."""
+        self._last_data = time.monotonic()
+        try:
+            self.skipped_step(partition, offset)
+        except ModelDivergedError as exc:
+            self._diverged = exc
+            raise
+
+    def _acknowledge(self, partition: np.ndarray, offset: np.ndarray) -> None:
+        """The records of applied steps are done (and those of the skipped run before them),
+        in the audit log before the tracker, so the log is never behind a commit."""
+        self.applied_step(self.tracker.ack)  # a run of skipped steps ended
+        if self.audit is not None:
+            self.audit.add(partition, offset)
+        self.tracker.ack(partition, offset)
 
     def _draining(self, drain_until: float | None, *, trained: bool) -> bool:
         """Go on after a stop request, within the drain time: not after the reject breaker

@@ -355,23 +355,29 @@ def test_a_nonfinite_step_among_several_is_skipped_alone() -> None:
     assert _rel_diff(trainer.model.get_weights(), single.model.get_weights()) == 0.0
 
 
-def test_steps_per_execution_reads_input_wait_and_step_time_per_step() -> None:
-    """The clock is read around each fetch inside the graph: an input that takes 20 ms a batch
-    shows as 20 ms of input wait on every step, not as step time."""
-    schema = km.schema_regression()
-    data = _with_metadata(_regression_data())
+def _slowed(seconds: float) -> Callable[[dict[str, tf.Tensor]], dict[str, tf.Tensor]]:
+    """A map that makes each batch take ``seconds`` to come (a slow input)."""
 
     def slow(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
         def pause(x: Any) -> Any:
-            time.sleep(0.02)
+            time.sleep(seconds)
             return x
 
         offset = tf.py_function(pause, [batch["offset"]], tf.int64)
         offset.set_shape([None])
         return {**batch, "offset": offset}
 
+    return slow
+
+
+def test_steps_per_execution_reads_input_wait_and_step_time_per_step() -> None:
+    """The clock is read around each fetch inside the graph: an input that takes 20 ms a batch
+    shows as 20 ms of input wait on every step, not as step time."""
+    schema = km.schema_regression()
+    data = _with_metadata(_regression_data())
+
     trainer = Trainer(bundle_for(km.build_string_loss(schema), schema, "test"))
-    iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(slow))
+    iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(_slowed(0.02)))
     trainer.run_steps(iterator, 1, META)  # traced here
     out = trainer.run_steps(iterator, 6, META)
     assert out.steps == 6 and not out.ended
@@ -388,17 +394,8 @@ def test_a_call_of_several_steps_ends_after_a_slow_batch() -> None:
     schema = km.schema_regression()
     data = _with_metadata(_regression_data())
 
-    def slow(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        def pause(x: Any) -> Any:
-            time.sleep(0.03)
-            return x
-
-        offset = tf.py_function(pause, [batch["offset"]], tf.int64)
-        offset.set_shape([None])
-        return {**batch, "offset": offset}
-
     trainer = Trainer(bundle_for(km.build_string_loss(schema), schema, "test"))
-    iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(slow))
+    iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(_slowed(0.03)))
     out = trainer.run_steps(iterator, 8, META, max_wait_seconds=0.01)
     assert out.steps == 1 and not out.ended, out
     out = trainer.run_steps(iterator, 8, META, max_wait_seconds=1.0)
