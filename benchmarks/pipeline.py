@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 import statistics
@@ -18,7 +19,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from consumers.settings import ConsumerSettings, KafkaClient, SecuritySettings
-from streamer.ops.cost import Cost, CostMeter, warm_up
+from streamer.ops.cost import Cost, CostMeter, ceiling, warm_up
 
 if TYPE_CHECKING:
     from streamer.cli.config import WorkerConfig
@@ -112,10 +113,8 @@ class BenchResult:
                 values = [r[name] for r in runs if r[name] is not None]
                 fig[name] = statistics.median(values) if values else None
             total, gil = fig["total_cpu_us_per_record"], fig["gil_us_per_record"]
-            limits = [self.ceiling_cores * 1e6 / total] if total else []
-            if gil:
-                limits.append(1e6 / gil)
-            fig["ceiling_records_per_second"] = min(limits) if limits else None
+            top = ceiling(total, gil, self.ceiling_cores)
+            fig["ceiling_records_per_second"] = None if math.isinf(top) else top
             out[mode] = fig
         return out
 

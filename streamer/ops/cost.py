@@ -26,7 +26,14 @@ from dataclasses import dataclass
 
 from consumers.cpu import process_cpu_seconds
 
-__all__ = ["Cost", "CostMeter", "gil_probe_available", "process_cpu_seconds", "warm_up"]
+__all__ = [
+    "Cost",
+    "CostMeter",
+    "ceiling",
+    "gil_probe_available",
+    "process_cpu_seconds",
+    "warm_up",
+]
 
 try:
     from streamer.ops import _gilprobe  # type: ignore[attr-defined]
@@ -36,6 +43,20 @@ except ImportError:  # not built (no C compiler at install time)
 
 def gil_probe_available() -> bool:
     return _gilprobe is not None and bool(_gilprobe.AVAILABLE)
+
+
+def ceiling(total_cpu_us: float | None, gil_us: float | None, cores: int) -> float:
+    """Records/s one worker could reach on ``cores`` cores with these costs per record: the
+    lower of cores / CPU µs (all its processes) and 1 / GIL µs (the serial part); inf when
+    neither is known.
+
+    >>> ceiling(5.0, 0.5, 16), ceiling(5.0, None, 2)
+    (2000000.0, 400000.0)
+    """
+    limits = [cores * 1e6 / total_cpu_us] if total_cpu_us else []
+    if gil_us:
+        limits.append(1e6 / gil_us)
+    return min(limits) if limits else math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,10 +105,7 @@ class Cost:
         >>> Cost(1_000_000, 1.0, 1.5, 2.5, 0.25).ceiling(2)
         500000.0
         """
-        limits = [cores * 1e6 / self.total_cpu_us] if self.total_cpu_us > 0 else []
-        if self.gil_us:
-            limits.append(1e6 / self.gil_us)
-        return min(limits) if limits else math.inf
+        return ceiling(self.total_cpu_us, self.gil_us, cores)
 
     def as_dict(self) -> dict[str, float | None]:
         return {
