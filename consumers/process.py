@@ -1,8 +1,10 @@
-"""ProcessShard: a Shard running in a child process, handing blocks over a pipe (past one core).
+"""ProcessShard: a Shard running in a child process, handing blocks over shared memory.
 
-Two pipes join parent and child. The data pipe carries blocks, packed as a small pickled
-header plus the raw values. The control pipe carries small typed events up (the dataclasses
-below: what the child's shard tells its hooks) and commands down (commit, release, close).
+The child polls (and, with the owner's ``prepare``, decodes) its blocks and writes their
+columns into a ring of shared-memory slots (consumers/ring.py); the data pipe carries a small
+descriptor per block, and the parent's arrays are views of the slot, freed when tf.data is
+done with them. The control pipe carries small typed events up (the dataclasses below: what
+the child's shard tells its hooks) and commands down (commit, release, close).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import logging
 import multiprocessing
 import pickle
 import signal
-import struct
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from consumers.errors import ShardFailedError, StreamerError
 from consumers.group import Barrier
 from consumers.hooks import Claim, ShardHooks
 from consumers.queue import BlockQueue
+from consumers.ring import RingReader, RingSpec, RingWriter
 from consumers.settings import ConsumerSettings
 from consumers.shard import Shard
 from consumers.types import KafkaErrorType
@@ -35,51 +37,6 @@ from consumers.types import KafkaErrorType
 __all__ = ["ProcessShard"]
 
 log = logging.getLogger(__name__)
-
-_HEADER = struct.Struct("<Q")
-
-
-def _pack_block(block: RecordBlock) -> bytes:
-    """A block as one message: a pickled header (the columns; with a prepared block, what it
-    was prepared into) and then the raw values: every one, or only those the owner needs."""
-    prepared = block.prepared
-    rows = None if prepared is None else prepared.needs_values
-    values = block.values if rows is None else [block.values[i] for i in rows]
-    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-    header = pickle.dumps(
-        (
-            block.topic,
-            block.partition,
-            block.offset,
-            block.timestamp_ms,
-            lengths,
-            rows,
-            block.nbytes,
-            block.serial,
-            block.ends,
-            prepared,
-        ),
-        protocol=pickle.HIGHEST_PROTOCOL,
-    )
-    return b"".join((_HEADER.pack(len(header)), header, *values))
-
-
-def _unpack_block(data: bytes) -> RecordBlock:
-    (hlen,) = _HEADER.unpack_from(data)
-    start = _HEADER.size + hlen
-    head = pickle.loads(data[_HEADER.size : start])  # noqa: S301 - our own child
-    topic, partition, offset, ts, lengths, rows, nbytes, serial, ends, prepared = head
-    stops = (np.cumsum(lengths) + start).tolist()
-    starts = [start, *stops[:-1]] if stops else []
-    sent = [data[a:b] for a, b in zip(starts, stops, strict=True)]
-    if rows is None:
-        values = sent
-    else:  # a prepared block: only the rows the owner needs came
-        values = [b""] * len(offset)
-        for i, value in zip(rows, sent, strict=True):
-            values[i] = value
-    return RecordBlock(topic, values, partition, offset, ts, nbytes, serial, ends, prepared)
-
 
 # ---- events: child -> parent ------------------------------------------------------------------
 
@@ -311,6 +268,7 @@ _PARENT_SIGNALS: Final = frozenset({signal.SIGINT, signal.SIGTERM})
 def _child_main(
     data_conn: Any,
     ctrl_conn: Any,
+    ring_spec: RingSpec,
     settings: ConsumerSettings,
     shard_index: int,
     num_shards: int,
@@ -365,6 +323,7 @@ def _child_main(
                     return
 
     try:
+        ring = RingWriter(ring_spec)
         shard.start()
     except BaseException as exc:
         send(Failed(_picklable(exc)))
@@ -382,7 +341,12 @@ def _child_main(
                 if prepare is not None and len(block):
                     # Decoded here, where the records are: the parent's map gets columns.
                     block = dataclasses.replace(block, prepared=prepare(block))
-                data_conn.send_bytes(_pack_block(block))
+                # Into a free slot (waiting for one: this shard's queue then fills, and its
+                # poller holds, then pauses), and its descriptor down the pipe.
+                message = ring.message(block, lambda: not stop.is_set())
+                if message is None:
+                    break
+                data_conn.send_bytes(message)
     except ShardFailedError as exc:
         send(Failed(_picklable(exc.__cause__ or exc)))
     except (BrokenPipeError, EOFError, OSError):
@@ -390,6 +354,7 @@ def _child_main(
     finally:
         stop.set()
         shard.close()
+        ring.close()
         with contextlib.suppress(OSError):
             send(Closed(time.process_time()))
 
@@ -458,6 +423,7 @@ class ProcessShard:
         self.last_record_monotonic = time.monotonic()
         self.last_rebalance_monotonic = time.monotonic()
         self._proc: Any = None
+        self._ring: RingReader | None = None
         self._threads: list[threading.Thread] = []
         #: Records handed over by the child so far (its read-ahead, for cost accounting).
         self.records_received = 0
@@ -465,6 +431,10 @@ class ProcessShard:
 
     def start(self) -> ProcessShard:
         ctx = multiprocessing.get_context("spawn")
+        # Slots for the parent's queue and 8 for what tf.data holds (the decode map's calls
+        # in flight, rebatch's partial block); the ring copies a block out rather than use its
+        # last two slots: bounded, never stuck.
+        self._ring = RingReader(self._queue.max_blocks + 8, name=f"shard-{self.shard_index}")
         self._data, child_data = ctx.Pipe(duplex=False)
         self._ctrl, child_ctrl = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(
@@ -472,6 +442,7 @@ class ProcessShard:
             args=(
                 child_data,
                 child_ctrl,
+                self._ring.spec,
                 self.settings,
                 self.shard_index,
                 self.num_shards,
@@ -491,6 +462,7 @@ class ProcessShard:
             self._proc.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            self._ring.after_start()  # the child has its own copies of the ring's descriptors
         child_data.close()
         child_ctrl.close()
         for target, name in ((self._read_blocks, "blocks"), (self._read_events, "events")):
@@ -522,7 +494,8 @@ class ProcessShard:
                 return
             if self._closed:
                 continue  # closing: drain so the child is never stuck in send
-            block: RecordBlock | None = _unpack_block(data)
+            assert self._ring is not None
+            block: RecordBlock | None = self._ring.block(data)
             with self._lock:
                 while block is not None and block.serial > self._serial and not self._closed:
                     self._lock.wait(0.5)
@@ -556,8 +529,28 @@ class ProcessShard:
                 self._child_cpu_at_end = event.cpu_seconds
                 break
             self._handle(event)
+        died = self._child_cpu_at_end is None and not self._closed and self.failed is None
+        if died:  # killed (the OOM killer, kill -9) or crashed: never a silent idle shard
+            self.failed = StreamerError(
+                f"shard {self.shard_index}: its child process ended without closing its "
+                f"consumer ({self._exit_text()}); its records not trained stay uncommitted "
+                "and are read again"
+            )
         self._child_closed.set()
         self._queue.wake()
+
+    def _exit_text(self) -> str:
+        proc = self._proc
+        if proc is None:
+            return "exit status unknown"
+        proc.join(1.0)
+        code = proc.exitcode
+        if code is None:
+            return f"pid {proc.pid}, still running"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"pid {proc.pid}, killed by {signal.Signals(-code).name}"
+        return f"pid {proc.pid}, exit code {code}"
 
     def _handle(self, event: object) -> None:
         hooks, k = self.hooks, self.shard_index
@@ -714,3 +707,5 @@ class ProcessShard:
             conn.close()
         for t in self._threads:
             t.join(timeout)
+        if self._ring is not None:
+            self._ring.close()

@@ -1,14 +1,15 @@
 """RecordBlock: columns, ends (offsets past the records: transaction markers), and the process
-shard's wire format for blocks."""
+shard's wire format for blocks (consumers/ring.py: a header and out-of-band buffers)."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
 from consumers.block import RecordBlock
-from consumers.process import _pack_block, _unpack_block
+from consumers.ring import RingReader, RingSpec, RingWriter, pack_block
 
 
 def _block(ends: dict[int, int] | None = None) -> RecordBlock:
@@ -23,6 +24,21 @@ def test_next_offsets_take_the_ends_past_the_records() -> None:
     block = _block({1: 10, 2: 4})
     assert block.next_offsets() == {0: 7, 1: 10, 2: 4}
     assert block.partitions() == [0, 1, 2]
+
+
+def _round_trip(block: RecordBlock) -> tuple[bytes, RecordBlock]:
+    """Through a real ring (both sides in this process): the message and the block back."""
+    reader = RingReader(4, 1 << 20)
+    spec = reader.spec  # the child's copies of the descriptors, as a spawn would make them
+    writer = RingWriter(RingSpec(os.dup(spec.memfd), os.dup(spec.free_fd), 4, 1 << 20))
+    reader.after_start()
+    try:
+        message = writer.message(block, lambda: False)
+        assert message is not None
+        return message, reader.block(message)
+    finally:
+        writer.close()
+        reader.close()
 
 
 def test_without_partitions_drops_records_and_ends() -> None:
@@ -45,7 +61,7 @@ def test_the_pipe_format_round_trips_every_block() -> None:
         ),  # a poll that only passed markers
         RecordBlock.from_columns("t", [b"x" * 100_000], [3], [2**40], [-1]),
     ):
-        back = _unpack_block(_pack_block(block))
+        _, back = _round_trip(block)
         assert back.values == block.values
         for col in ("partition", "offset", "timestamp_ms"):
             np.testing.assert_array_equal(getattr(back, col), getattr(block, col))
@@ -74,9 +90,10 @@ class _Prepared:
 def test_a_prepared_block_travels_without_the_values_its_owner_does_not_need() -> None:
     block = RecordBlock.from_columns("t", [b"aaa", b"bad", b"ccc"], [0, 1, 0], [5, 9, 6], [1, 2, 3])
     block = dataclasses.replace(block, prepared=_Prepared([0, 1, 2], needs=[1]))
-    data = _pack_block(block)
-    assert b"aaa" not in data and b"bad" in data
-    back = _unpack_block(data)
+    header, buffers = pack_block(block)
+    wire = header + b"".join(bytes(b) for b in buffers)
+    assert b"aaa" not in wire and b"bad" in wire
+    _, back = _round_trip(block)
     assert back.values == [b"", b"bad", b""] and back.nbytes == block.nbytes
     assert back.offset.tolist() == [5, 9, 6] and back.prepared.needs_values == [1]
     # A revocation keeps the prepared part in step with the rows.

@@ -184,8 +184,9 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
     started: Callable[..., ShardLike],
 ) -> None:
     topic = make_topic(4)
-    # 10 KiB records: a process shard's pipe holds a few blocks before its child's queue fills.
-    produce(kafka_bootstrap, topic, 200, 4, pad=10_000)
+    # 10 KiB records, 20 a block: a process shard holds its parent's queue (8 blocks), its ring
+    # (8 more slots) and its child's queue (8) before it pauses: 480 records.
+    produce(kafka_bootstrap, topic, 400, 4, pad=10_000)
     cs = settings(
         kafka_bootstrap, topic, client, runtime, group=group_id, mode="group", max_poll_records=20
     )
@@ -210,7 +211,7 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
         time.sleep(0.1)
     assert all(shard.queued_records for shard in shards)
     assert not shards[0].assigned & shards[1].assigned
-    every = {(p, o) for p in range(4) for o in range(200)}
+    every = {(p, o) for p in range(4) for o in range(400)}
     seen, _ = drain(shards, lambda s: s.keys() >= every)
     assert set(seen) == every and max(seen.values()) == 1
 
