@@ -405,6 +405,7 @@ def bench_pipeline(
     t1 = time.perf_counter()
     if costs is not None and t0 is not None:
         costs.append(meter.stop(got - first, got - handed))
+    _report_ring(shards)
     del iterator
     source.close()
     return got / (t1 - (t0 or t1) + 1e-9)
@@ -437,6 +438,18 @@ def _drain(k: int, iterator: Any) -> Any:
     # Called through the concrete function for the iterator's spec, as the worker's
     # Trainer.run_steps calls its compiled steps.
     return drain.get_concrete_function(tf.type_spec_from_value(iterator))
+
+
+def _report_ring(shards: list[Any]) -> None:
+    """Say when shard processes' blocks did not all travel zero-copy through their rings."""
+    stats = [s.ring_stats for s in shards if hasattr(s, "ring_stats")]
+    copied = sum(r["copied"] for r in stats)
+    inline = sum(r["inline"] for r in stats)
+    if copied or inline:
+        print(
+            f"  ring: {copied} blocks copied out of their slots, {inline} inline",
+            file=sys.stderr,
+        )
 
 
 def _handed_over(shards: list[Any]) -> int:

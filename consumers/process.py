@@ -21,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-import numpy as np
-
 from consumers.block import RecordBlock
 from consumers.cpu import process_cpu_seconds
 from consumers.errors import ShardFailedError, StreamerError
@@ -431,10 +429,11 @@ class ProcessShard:
 
     def start(self) -> ProcessShard:
         ctx = multiprocessing.get_context("spawn")
-        # Slots for the parent's queue and 8 for what tf.data holds (the decode map's calls
-        # in flight, rebatch's partial block); the ring copies a block out rather than use its
-        # last two slots: bounded, never stuck.
-        self._ring = RingReader(self._queue.max_blocks + 8, name=f"shard-{self.shard_index}")
+        # Slots for the parent's queue and 16 for what tf.data holds (handles buffered by the
+        # interleave, the decode map's calls, rebatch's partial block: with 8, 15-20 % of the
+        # blocks were copied out, with 16 none, benchmarks/README.md); the ring copies a block
+        # out rather than use its last two slots: bounded, never stuck.
+        self._ring = RingReader(self._queue.max_blocks + 16, name=f"shard-{self.shard_index}")
         self._data, child_data = ctx.Pipe(duplex=False)
         self._ctrl, child_ctrl = ctx.Pipe(duplex=True)
         self._proc = ctx.Process(
@@ -625,6 +624,15 @@ class ProcessShard:
     def pid(self) -> int | None:
         """The child's process id (None before ``start``)."""
         return None if self._proc is None else self._proc.pid
+
+    @property
+    def ring_stats(self) -> dict[str, int]:
+        """Blocks through the ring so far: ``copied`` out of their slot (to keep two free),
+        ``inline`` (larger than a slot), ``held`` (slots the parent's arrays still view)."""
+        ring = self._ring
+        if ring is None:
+            return {"copied": 0, "inline": 0, "held": 0}
+        return {"copied": ring.copies, "inline": ring.inline, "held": ring.held}
 
     @property
     def child_ended(self) -> bool:

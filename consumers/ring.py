@@ -27,7 +27,7 @@ batches through shared-memory blocks.
 Wire format of a descriptor (one message on the data pipe)::
 
     kind (1 byte: R = in a slot, B = in this message) | slot (u32) | count (u32) |
-    count × buffer length (u64) | pickled header (protocol 5, the arrays out of band)
+    count x buffer length (u64) | pickled header (protocol 5, the arrays out of band)
     [B only: the buffers, each at a 64-byte aligned offset]
 """
 
@@ -104,12 +104,16 @@ def _offsets(lengths: Sequence[int]) -> list[int]:
     return out
 
 
-def unpack_block(header: bytes | memoryview, region: npt.NDArray[np.uint8], lengths: Sequence[int]) -> RecordBlock:
+def unpack_block(
+    header: bytes | memoryview, region: npt.NDArray[np.uint8], lengths: Sequence[int]
+) -> RecordBlock:
     """Rebuild a block whose buffers lie in ``region`` (a uint8 array) at aligned offsets: its
     arrays are views of ``region`` (so ``region`` lives as long as any of them does)."""
     buffers = [region[a : a + n] for a, n in zip(_offsets(lengths), lengths, strict=True)]
     head = pickle.loads(header, buffers=buffers)  # noqa: S301 - our own child's bytes
-    topic, n, partition, offset, ts, value_lengths, blob, rows, nbytes, serial, ends, prepared = head
+    topic, n, partition, offset, ts, value_lengths, blob, rows, nbytes, serial, ends, prepared = (
+        head
+    )
     stops = np.cumsum(value_lengths).tolist()
     starts = [0, *stops[:-1]] if stops else []
     # Copied out of the slot: a reject's value may outlive the block (dead letters, the log).
@@ -155,7 +159,7 @@ def _parse(message: bytes) -> tuple[bytes, int, list[int], memoryview, int]:
 # ---- the ring ---------------------------------------------------------------------------------
 
 
-class _Slot(np.ndarray):  # type: ignore[type-arg]
+class _Slot(np.ndarray):
     """A slot's bytes while a block uses them. numpy collapses a view's chain of plain ndarray
     bases to the first one that owns its memory, but stops at a subclass: every array rebuilt
     over this one keeps it alive, so its finalizer runs when the last of them is gone."""
@@ -235,7 +239,9 @@ class RingWriter:
 class RingReader:
     """The parent's side: creates the ring, rebuilds blocks from descriptors, frees slots."""
 
-    def __init__(self, slots: int, slot_bytes: int = DEFAULT_SLOT_BYTES, name: str = "shard") -> None:
+    def __init__(
+        self, slots: int, slot_bytes: int = DEFAULT_SLOT_BYTES, name: str = "shard"
+    ) -> None:
         if slots < 3:
             raise ValueError(f"a ring needs at least 3 slots, got {slots}")
         self.slots, self.slot_bytes = slots, slot_bytes

@@ -185,7 +185,7 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
 ) -> None:
     topic = make_topic(4)
     # 10 KiB records, 20 a block: a process shard holds its parent's queue (8 blocks), its ring
-    # (8 more slots) and its child's queue (8) before it pauses: 480 records.
+    # (16 more slots) and its child's queue (8) before it pauses: 640 of a shard's 800 records.
     produce(kafka_bootstrap, topic, 400, 4, pad=10_000)
     cs = settings(
         kafka_bootstrap, topic, client, runtime, group=group_id, mode="group", max_poll_records=20

@@ -155,8 +155,9 @@ def _wait(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 @pytest.mark.kafka
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("client", ["kafka-python", "confluent"])
 def test_a_child_killed_by_kill_9_fails_the_shard_and_leaves_no_shared_memory(
-    kafka_bootstrap: str, make_topic: Callable[..., str]
+    client: str, kafka_bootstrap: str, make_topic: Callable[..., str]
 ) -> None:
     topic = make_topic(partitions=1)
     producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
@@ -170,6 +171,7 @@ def test_a_child_killed_by_kill_9_fails_the_shard_and_leaves_no_shared_memory(
         mode="static",
         partitions=(0,),
         shard_runtime="process",
+        client=client,  # type: ignore[arg-type]
         max_poll_records=500,
     )
     shard = ProcessShard(settings, 0, 1, restore={0: 0}).start()
