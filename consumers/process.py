@@ -494,14 +494,15 @@ class ProcessShard:
             if self._closed:
                 continue  # closing: drain so the child is never stuck in send
             assert self._ring is not None
-            block: RecordBlock | None = self._ring.block(data)
+            block: RecordBlock | None
+            block, parts = self._ring.block(data)
             with self._lock:
                 while block is not None and block.serial > self._serial and not self._closed:
                     self._lock.wait(0.5)
                 assert block is not None
                 gone = {
                     p
-                    for p in block.partitions()
+                    for p in parts
                     if p not in self._assigned or self._revoked_at.get(p, -1) > block.serial
                 }
                 block = block.without_partitions(gone) if gone else block

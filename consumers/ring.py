@@ -78,6 +78,7 @@ def pack_block(block: RecordBlock) -> tuple[bytes, list[memoryview]]:
     lengths = np.fromiter(map(len, values), dtype=np.int64, count=len(values))
     blob = np.frombuffer(b"".join(values), dtype=np.uint8)
     head = (
+        block.partitions(),  # for the parent's revocation check, without a pass over rows
         block.topic,
         len(block.values),
         block.partition,
@@ -106,14 +107,17 @@ def _offsets(lengths: Sequence[int]) -> list[int]:
 
 def unpack_block(
     header: bytes | memoryview, region: npt.NDArray[np.uint8], lengths: Sequence[int]
-) -> RecordBlock:
+) -> tuple[RecordBlock, list[int]]:
     """Rebuild a block whose buffers lie in ``region`` (a uint8 array) at aligned offsets: its
-    arrays are views of ``region`` (so ``region`` lives as long as any of them does)."""
+    arrays are views of ``region`` (so ``region`` lives as long as any of them does). Returns
+    the block and its partitions (``RecordBlock.partitions``, as the child found them)."""
     buffers = [region[a : a + n] for a, n in zip(_offsets(lengths), lengths, strict=True)]
     head = pickle.loads(header, buffers=buffers)  # noqa: S301 - our own child's bytes
-    topic, n, partition, offset, ts, value_lengths, blob, rows, nbytes, serial, ends, prepared = (
-        head
-    )
+    (parts, topic, n, partition, offset, ts, value_lengths, blob, rows) = head[:9]
+    nbytes, serial, ends, prepared = head[9:]
+    if rows is not None and not rows:  # a prepared block without rejects: no value came
+        block = RecordBlock(topic, [b""] * n, partition, offset, ts, nbytes, serial, ends, prepared)
+        return block, parts
     stops = np.cumsum(value_lengths).tolist()
     starts = [0, *stops[:-1]] if stops else []
     # Copied out of the slot: a reject's value may outlive the block (dead letters, the log).
@@ -124,7 +128,7 @@ def unpack_block(
         values = [b""] * n
         for i, value in zip(rows, sent, strict=True):
             values[i] = value
-    return RecordBlock(topic, values, partition, offset, ts, nbytes, serial, ends, prepared)
+    return RecordBlock(topic, values, partition, offset, ts, nbytes, serial, ends, prepared), parts
 
 
 def _descriptor(kind: bytes, slot: int, header: bytes, buffers: list[memoryview]) -> bytes:
@@ -278,8 +282,8 @@ class RingReader:
         with self._lock:
             return self._held
 
-    def block(self, message: bytes) -> RecordBlock:
-        """The block a message from the child describes."""
+    def block(self, message: bytes) -> tuple[RecordBlock, list[int]]:
+        """The block a message from the child describes, and its partitions."""
         kind, slot, lengths, header, at = _parse(message)
         if kind == b"B":
             self.inline += 1
@@ -296,11 +300,11 @@ class RingReader:
             keep = self._held <= self.slots - 2
         if not keep:
             # Copied out and freed at once: two slots stay the child's, whatever tf.data holds.
-            block = unpack_block(header, region.copy(), lengths)
+            unpacked = unpack_block(header, region.copy(), lengths)
             del region
             self.copies += 1
             self._free(slot)
-            return block
+            return unpacked
         weakref.finalize(region, self._free, slot)
         return unpack_block(header, region, lengths)
 

@@ -35,7 +35,7 @@ def _round_trip(block: RecordBlock) -> tuple[bytes, RecordBlock]:
     try:
         message = writer.message(block, lambda: False)
         assert message is not None
-        return message, reader.block(message)
+        return message, reader.block(message)[0]
     finally:
         writer.close()
         reader.close()

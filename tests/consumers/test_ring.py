@@ -77,7 +77,8 @@ def test_a_block_comes_back_whole_as_views_of_its_slot(ring: tuple[RingReader, R
     sent = _block(100)
     message = writer.message(sent, _never)
     assert message is not None and len(message) < 1500  # a descriptor, not 6 KiB of columns
-    back = reader.block(message)
+    back, partitions = reader.block(message)
+    assert partitions == sent.partitions() == [0]
     np.testing.assert_array_equal(back.prepared.columns["x"], sent.prepared.columns["x"])
     assert back.prepared.columns["name"].tolist() == sent.prepared.columns["name"].tolist()
     assert back.offset.tolist() == sent.offset.tolist() and back.partition.dtype == np.int32
@@ -92,7 +93,7 @@ def test_a_slot_is_free_again_only_when_its_last_view_is_gone(
     ring: tuple[RingReader, RingWriter],
 ) -> None:
     reader, writer = ring
-    first = reader.block(writer.message(_block(10), _never) or b"")
+    first = reader.block(writer.message(_block(10), _never) or b"")[0]
     column = first.prepared.columns["x"]  # what tf.data may still hold after the block is gone
     del first
     gc.collect()
@@ -105,7 +106,7 @@ def test_a_slot_is_free_again_only_when_its_last_view_is_gone(
     for i in range(3):
         message = writer.message(_block(10, start=100 * i), _never)
         assert message is not None, f"no slot for block {i}"
-        blocks.append(reader.block(message))
+        blocks.append(reader.block(message)[0])
     assert [b.offset[0] for b in blocks] == [0, 100, 200]
 
 
@@ -125,7 +126,7 @@ def test_the_writer_waits_for_a_slot_and_the_reader_keeps_two_free(
     assert len(asked) == 3
     # The reader keeps the first block zero-copy and copies the others out of their slots
     # (freeing them at once): whatever the owner holds, the child always has slots.
-    held = [reader.block(m) for m in messages if m is not None]
+    held = [reader.block(m)[0] for m in messages if m is not None]
     assert reader.held == 1 and reader.copies == 2
     assert _mapped(held[0].offset) and not _mapped(held[1].offset)
     assert [b.offset.tolist() for b in held] == [list(range(10 * i, 10 * i + 10)) for i in range(3)]
@@ -137,7 +138,7 @@ def test_a_block_larger_than_a_slot_travels_inline(ring: tuple[RingReader, RingW
     big = _block(2000)  # 128 KB of columns, two slots' worth
     message = writer.message(big, _never)
     assert message is not None and len(message) > 64 << 10
-    back = reader.block(message)
+    back = reader.block(message)[0]
     np.testing.assert_array_equal(back.prepared.columns["x"], big.prepared.columns["x"])
     assert back.prepared.columns["x"].flags.writeable and not _mapped(back.offset)
     assert reader.inline == writer.inline == 1 and reader.held == 0
