@@ -64,10 +64,10 @@ def shard_runtime_choice(
     ``auto`` decides by what ``streamer bench`` measured per record (benchmarks/README.md,
     "Cost per record"): the main interpreter's GIL is the one serial resource of a worker, and
     shard processes take the client's per-record work and the decode off it (kafka-python:
-    1.7 against 12.7 GIL µs per record in threads; confluent: 0.85 against 2.4). A child
+    1.7 against 12.5 GIL µs per record in threads; confluent: 1.0 against 2.4). A child
     needs a core of its own to pay: kafka-python's threads share one core's parse rate, so
     processes win from 2 cores; confluent's threads already parse in librdkafka's C threads,
-    and on 2 cores its processes only matched them (0.9-1.5x, run to run), so processes from
+    and on 2 cores its worker's processes only matched them (0.97-1.12x), so processes from
     4 cores. One shard: a process only adds a hop.
 
     >>> shard_runtime_choice("auto", 4, "confluent", cores=16)[0]
