@@ -39,6 +39,7 @@ from streamer.runtime import (
 from streamer.train.checkpoint import Checkpointer
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import Exporter, serving_inputs
+from streamer.train.lease import Lease
 from streamer.train.model import load_model
 from streamer.train.trainer import StepHandle, StepsResult, Trainer, choose_strategy
 
@@ -98,6 +99,8 @@ class Worker(Lifecycle):
         self._start: StreamStart | None = None
         self._metrics_window = time.monotonic()
         self._steps_in_window = 0  # steps since the last report of the model's metrics
+        #: This worker's hold on its --checkpoint-dir (one writer per directory).
+        self.lease: Lease | None = None
 
     def _on_stop(self) -> None:
         if getattr(self, "source", None) is not None:
@@ -134,6 +137,10 @@ class Worker(Lifecycle):
 
     def _build(self) -> None:
         cfg = self.config
+        if cfg.checkpoint_dir:
+            # First, before anything reads the directory or joins the group: a second worker
+            # on the same directory is refused here (CheckpointDirInUseError, exit 2).
+            self.lease = Lease.acquire(cfg.checkpoint_dir)
         if cfg.seed is not None:
             tf.keras.utils.set_random_seed(cfg.seed)
         if cfg.mixed_precision:
@@ -628,6 +635,8 @@ class Worker(Lifecycle):
         --steps-per-execution, after all of them ran: an export or evaluation due at a step
         among them runs once, with the model as the call left it)."""
         cfg = self.config
+        if self.lease is not None:
+            self.lease.check()  # taken over by another worker: train no further, save nothing
         if self.profiler is not None:
             self.profiler.after_step(self.step)
         self._steps_in_window += steps
@@ -711,6 +720,8 @@ class Worker(Lifecycle):
     def _save(self, step: int, positions: dict[int, int]) -> dict[int, int] | None:
         """The checkpoint of a worker of its own: one save; what it saved is committed."""
         assert self.checkpointer is not None
+        if self.lease is not None:
+            self.lease.check()
         try:
             path = self.checkpointer.save(step, positions)
         except ModelDivergedError as exc:  # non-finite weights: never saved
@@ -731,6 +742,8 @@ class Worker(Lifecycle):
             self._final_lag = int(self.metrics.snapshot()["consumer_lag_records"])
         try:
             committer = self.committer
+            if self.lease is not None and self.lease.lost is not None:
+                return  # another worker holds the directory now: no checkpoint, no commit
             if self._diverged is not None or self._untracked:
                 if not committer.checkpointing:
                     committer.commit(committer.done_points(), self.step)
@@ -752,6 +765,8 @@ class Worker(Lifecycle):
                 self.summaries.flush()
 
     def _close_more(self) -> None:
+        if self.lease is not None:  # after the input's last commits
+            self.lease.close()
         if self.profiler is not None:
             self.profiler.finish()
         if self.evaluator is not None:

@@ -284,7 +284,9 @@ class Options:
     )
     checkpoint_dir: str | None = option(
         None,
-        "checkpoint directory (model + optimizer + step + offsets); unset = no checkpoints",
+        "checkpoint directory (model + optimizer + step + offsets), one worker's only: the "
+        "worker holds a lease on it (streamer-lease.json) and a second worker is refused "
+        "(exit 2); unset = no checkpoints",
         group="training",
     )
     # A save costs 25-40 ms (built-in model) to ~0.3 s (100 MB of weights); a kill -9 retrains
