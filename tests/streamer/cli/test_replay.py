@@ -32,6 +32,7 @@ from streamer.cli.replay import (
     check_outputs,
     write_marker,
 )
+from streamer.train.lease import LEASE_FILE
 from tests.workerutil import ROOT, WorkerProcess, end_offsets, free_port, read_audit
 
 START_S = 180  # TensorFlow import + group join on a loaded 2-core machine
@@ -183,10 +184,12 @@ def commits(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int, str]
     return group_activity(bootstrap, group).committed_on(topic)
 
 
-def snapshot(path: Path) -> dict[str, tuple[int, int, str]]:
-    """Every file under ``path``: size, mtime and content hash."""
+def snapshot(path: Path, ignore: str | None = None) -> dict[str, tuple[int, int, str]]:
+    """Every file under ``path`` (but those whose name starts with ``ignore``): size, mtime
+    and content hash."""
     out = {}
-    for file in sorted(p for p in path.rglob("*") if p.is_file()):
+    files = [p for p in path.rglob("*") if not (ignore and p.name.startswith(ignore))]
+    for file in sorted(p for p in files if p.is_file()):
         st = file.stat()
         digest = hashlib.sha256(file.read_bytes()).hexdigest()
         out[str(file.relative_to(path))] = (st.st_size, st.st_mtime_ns, digest)
@@ -216,9 +219,15 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
 
 
 def live_state(tmp_path: Path, bootstrap: str, group: str, topic: str) -> dict[str, Any]:
+    # The live worker renews its own lease on its directory every 10 s (its writes, not the
+    # replay's): what must not move is who holds it.
+    ckpt = snapshot(tmp_path / "live-ckpt", ignore=LEASE_FILE)
+    lease = tmp_path / "live-ckpt" / LEASE_FILE
+    holder = json.loads(lease.read_text())["token"] if lease.exists() else None
     return {
         "commits": commits(bootstrap, group, topic),
-        "ckpt": snapshot(tmp_path / "live-ckpt"),
+        "lease": holder,
+        "ckpt": ckpt,
         "models": snapshot(tmp_path / "live-models"),
         "audit": snapshot(tmp_path)["live-audit.csv"],
     }
