@@ -184,11 +184,11 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
     started: Callable[..., ShardLike],
 ) -> None:
     topic = make_topic(4)
-    # 10 KiB records, 20 a block: a process shard holds its parent's queue (8 blocks), its ring
-    # (16 more slots) and its child's queue (8) before it pauses: 640 of a shard's 800 records.
-    produce(kafka_bootstrap, topic, 400, 4, pad=10_000)
+    # 10 KiB records, 10 a block: a process shard holds its parent's queue (8 blocks), its ring
+    # (16 more slots) and its child's queue (8) before it pauses: 320 of a shard's 400 records.
+    produce(kafka_bootstrap, topic, 200, 4, pad=10_000)
     cs = settings(
-        kafka_bootstrap, topic, client, runtime, group=group_id, mode="group", max_poll_records=20
+        kafka_bootstrap, topic, client, runtime, group=group_id, mode="group", max_poll_records=10
     )
     barrier = JoinBarrier(2, settle_seconds=1.5)
     hooks = [Recorder(), Recorder()]
@@ -211,7 +211,7 @@ def test_group_shards_split_the_partitions_and_a_full_queue_pauses_them(
         time.sleep(0.1)
     assert all(shard.queued_records for shard in shards)
     assert not shards[0].assigned & shards[1].assigned
-    every = {(p, o) for p in range(4) for o in range(400)}
+    every = {(p, o) for p in range(4) for o in range(200)}
     seen, _ = drain(shards, lambda s: s.keys() >= every)
     assert set(seen) == every and max(seen.values()) == 1
 
