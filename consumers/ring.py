@@ -41,7 +41,7 @@ import select
 import struct
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -201,7 +201,7 @@ class RingWriter:
         self._partial = b""
         self.inline = 0  # blocks too large for a slot (sent whole on the pipe)
 
-    def message(self, block: RecordBlock, wait: Any) -> bytes | None:
+    def message(self, block: RecordBlock, wait: Callable[[], bool]) -> bytes | None:
         """The pipe message for ``block``: its descriptor once its buffers are in a slot, or
         the whole block for one larger than a slot. Waits for a free slot while ``wait()``
         (called every 0.1 s) says so; None when it stopped waiting."""
