@@ -62,8 +62,9 @@ def open_shard(
 ) -> ShardLike:
     """Shard ``shard_index`` of ``num_shards`` in ``settings.shard_runtime`` (not started).
 
-    ``restore``: offsets to start partitions at (a checkpoint); a thread shard gets them from
-    its hooks' ``on_assigned`` instead, so a process shard's child needs them up front.
+    ``restore``: where partitions start as the owner knows it now: a process shard's child
+    asks its parent at each assignment (``ShardHooks.on_assigned``) and uses these only if
+    the parent does not answer in time; a thread shard asks its hooks directly.
     ``prepare``: what a process shard's child does to each block before it sends it (the
     owner's decode, on the child's core); a thread shard leaves that to the owner.
     """

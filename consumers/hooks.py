@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from consumers.block import RecordBlock
+from consumers.clients.base import GroupCommit
 from consumers.types import KafkaErrorType
 
 __all__ = ["Claim", "ShardHooks", "ShardLike"]
@@ -21,13 +22,20 @@ class ShardHooks:
     Rebalance callbacks may run on a Kafka client's IO thread: they must not block.
     """
 
-    def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        """Partitions were assigned; return {partition: offset} to seek to (e.g. a checkpoint)."""
+    def on_assigned(
+        self,
+        shard_index: int,
+        partitions: list[int],
+        group: dict[int, GroupCommit] | None = None,
+    ) -> dict[int, int]:
+        """Partitions were assigned, with the group's committed offsets of them (None: they
+        could not be read; a static assignment has no group); return {partition: offset} to
+        start them at (the owner's start rule: streamer.input.starts)."""
         return {}
 
-    def seek_reason(self, partition: int) -> str:
-        """Why ``on_assigned`` seeks ``partition`` (for the log): a checkpoint, --start-from, ..."""
-        return "checkpoint"
+    def on_revoking(self, shard_index: int, partitions: list[int]) -> None:
+        """Partitions are about to be revoked (not lost): the owner settles what it took of
+        them, so that ``on_revoked`` reports exactly what was done. May block, briefly."""
 
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
         """Partitions are being revoked; return {partition: next offset} to commit (async)."""

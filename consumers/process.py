@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import multiprocessing
 import pickle
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from consumers.block import RecordBlock
+from consumers.clients.base import GroupCommit
 from consumers.cpu import process_cpu_seconds
 from consumers.errors import ShardFailedError, StreamerError
 from consumers.group import Barrier
@@ -41,15 +43,22 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Assigned:
+    """Asks (``ask`` > 0) where the partitions start: the parent answers (``Answer``)."""
+
     partitions: list[int]
     serial: int
+    group: dict[int, GroupCommit] | None = None
+    ask: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class Revoked:
+    """Revoked (asks what to commit, once the parent settled them) or lost (no question)."""
+
     partitions: list[int]
     serial: int
     lost: bool
+    ask: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +142,14 @@ class Release:
 
 
 @dataclass(frozen=True, slots=True)
+class Answer:
+    """The parent's answer to the child's question ``ask``: {partition: offset}."""
+
+    ask: int
+    offsets: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
 class Close:
     pass
 
@@ -140,37 +157,89 @@ class Close:
 # ---- the child --------------------------------------------------------------------------------
 
 
-class _ChildHooks(ShardHooks):
-    """Runs in the child: forwards events to the parent, answers the IO thread's questions locally."""
+#: How long a child waits for its parent to say where assigned partitions start, and what to
+#: commit of revoked ones (the parent first waits for the records it handed to training,
+#: ``streamer.input.handover``, 5 s at most); then it goes on with what it knows itself.
+ASSIGN_ANSWER_SECONDS = 10.0
+REVOKE_ANSWER_SECONDS = 15.0
 
-    def __init__(
-        self, send: Any, restore: dict[int, int], reasons: dict[int, str] | None = None
-    ) -> None:
+
+class _ChildHooks(ShardHooks):
+    """Runs in the child: forwards events to the parent; the rebalance questions (where to
+    start, what to commit) are asked of the parent, which holds the offset tracker and the
+    start rule, and answered locally only if it does not answer in time."""
+
+    def __init__(self, send: Any, restore: dict[int, int]) -> None:
         self._send = send
         self._restore = dict(restore)
-        self._reasons = dict(reasons or {})
         self.shard: Shard | None = None
         #: The parent's last commit request per partition: at or below its commit point.
         self.points: dict[int, int] = {}
         self._poll = [0, 0]
         self._last_poll_sent = 0.0
+        self._asks = itertools.count(1)
+        self._answers: dict[int, dict[int, int] | None] = {}
+        self._answered = threading.Condition()
 
     def _serial(self) -> int:
         return self.shard.serial if self.shard is not None else 0
 
-    def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+    def _ask(self, make: Callable[[int], object], seconds: float) -> dict[int, int] | None:
+        ask = next(self._asks)
+        with self._answered:
+            self._answers[ask] = None
+        self._send(make(ask))
+        deadline = time.monotonic() + seconds
+        with self._answered:
+            while self._answers.get(ask) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._answered.wait(left)
+            return self._answers.pop(ask, None)
+
+    def answer(self, ask: int, offsets: dict[int, int]) -> None:
+        with self._answered:
+            if ask in self._answers:
+                self._answers[ask] = offsets
+                self._answered.notify_all()
+
+    def on_assigned(
+        self,
+        shard_index: int,
+        partitions: list[int],
+        group: dict[int, GroupCommit] | None = None,
+    ) -> dict[int, int]:
         for p in partitions:  # requests made under an earlier assignment say nothing now
             self.points.pop(p, None)
-        self._send(Assigned(partitions, self._serial()))
-        return {p: self._restore.pop(p) for p in partitions if p in self._restore}
+        serial = self._serial()
+        starts = self._ask(
+            lambda ask: Assigned(partitions, serial, group, ask), ASSIGN_ANSWER_SECONDS
+        )
+        if starts is None:
+            log.warning(
+                "shard %d: the parent did not say where partitions %s start within %.0fs; "
+                "starting from what this shard was given",
+                shard_index,
+                sorted(partitions),
+                ASSIGN_ANSWER_SECONDS,
+            )
+            return {p: self._restore.pop(p) for p in partitions if p in self._restore}
+        return starts
 
-    def seek_reason(self, partition: int) -> str:
-        return self._reasons.get(partition, "checkpoint")
+    def on_revoking(self, shard_index: int, partitions: list[int]) -> None:
+        """Nothing here: the parent settles the partitions when it answers ``on_revoked``'s
+        question (``ProcessShard._handle``), one round trip for both."""
 
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        self._send(Revoked(partitions, self._serial(), lost=False))
-        # The parent's tracker is the truth; the last points it sent are at or below it (safe).
-        return {p: self.points[p] for p in partitions if p in self.points}
+        serial = self._serial()
+        points = self._ask(
+            lambda ask: Revoked(partitions, serial, lost=False, ask=ask), REVOKE_ANSWER_SECONDS
+        )
+        if points is None:
+            # The parent's tracker is the truth; the last points it sent are at or below it.
+            return {p: self.points[p] for p in partitions if p in self.points}
+        return points
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:
         self._send(Revoked(partitions, self._serial(), lost=True))
@@ -273,7 +342,6 @@ def _child_main(
     restore: dict[int, int],
     use_barrier: bool,
     levels: dict[str, int],
-    reasons: dict[int, str] | None = None,
     prepare: Callable[[RecordBlock], Any] | None = None,
 ) -> None:
     # Terminal and group signals are the parent's to act on (DESIGN.md section 3, shutdown):
@@ -297,7 +365,7 @@ def _child_main(
         with contextlib.suppress(OSError, ValueError):
             send(event)
 
-    hooks = _ChildHooks(tell, restore, reasons)
+    hooks = _ChildHooks(tell, restore)
     barrier = _RemoteBarrier(send) if use_barrier else None
     shard = Shard(settings, shard_index, num_shards, hooks=hooks, barrier=barrier)
     hooks.shard = shard
@@ -316,6 +384,8 @@ def _child_main(
                     shard.commit(offsets)
                 case Release() if barrier is not None:
                     barrier.released = True
+                case Answer(ask, offsets):
+                    hooks.answer(ask, offsets)
                 case Close():
                     stop.set()
                     return
@@ -448,7 +518,6 @@ class ProcessShard:
                 self._restore,
                 self._barrier is not None,
                 _logger_levels(),
-                {p: self.hooks.seek_reason(p) for p in self._restore},
                 self._prepare,
             ),
             name=f"streamer-shard-{self.shard_index}",
@@ -555,17 +624,22 @@ class ProcessShard:
     def _handle(self, event: object) -> None:
         hooks, k = self.hooks, self.shard_index
         match event:
-            case Assigned(partitions, serial):
+            case Assigned(partitions, serial, group, ask):
                 self._child_up = True
                 self.last_rebalance_monotonic = time.monotonic()
                 with self._lock:  # added: all of it (eager), or what moved (cooperative)
                     self._assigned |= set(partitions)
-                hooks.on_assigned(k, partitions)
+                starts = hooks.on_assigned(k, partitions, group)
+                if ask:
+                    self._send(Answer(ask, starts))
                 with self._lock:  # blocks of this assignment wait until the owner knows it
                     self._serial = max(self._serial, serial)
                     self._lock.notify_all()
-            case Revoked(partitions, serial, lost):
+            case Revoked(partitions, serial, lost, ask):
                 gone = set(partitions)
+                if not lost:  # outside the lock: the pipeline goes on meanwhile
+                    hooks.on_revoking(k, partitions)
+                points: dict[int, int] = {}
                 with self._lock:
                     self._assigned -= gone
                     self._serial = max(self._serial, serial)
@@ -576,7 +650,9 @@ class ProcessShard:
                     if lost:
                         hooks.on_lost(k, partitions)
                     else:
-                        hooks.on_revoked(k, partitions)
+                        points = hooks.on_revoked(k, partitions)
+                if ask:
+                    self._send(Answer(ask, points))
             case Polled(records, nbytes, highwater, position):
                 hooks.on_poll(k, records, nbytes, highwater, position)
             case StableOffsets(offsets):

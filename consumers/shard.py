@@ -18,6 +18,7 @@ from consumers.block import RecordBlock
 from consumers.clients import open_client
 from consumers.clients.base import (
     ConsumerClient,
+    GroupCommit,
     NoCommittedOffset,
     OffsetsOutOfRange,
     RetriableClientError,
@@ -71,8 +72,10 @@ class _Rebalance:
     def __init__(self, shard: Shard) -> None:
         self._shard = shard
 
-    def assigned(self, partitions: list[int]) -> dict[int, int]:
-        return self._shard._on_assigned(partitions)
+    def assigned(
+        self, partitions: list[int], group: dict[int, GroupCommit] | None = None
+    ) -> dict[int, int]:
+        return self._shard._on_assigned(partitions, group)
 
     def revoked(self, partitions: list[int], *, lost: bool) -> None:
         self._shard._on_revoked(partitions, lost=lost)
@@ -561,15 +564,25 @@ class Shard:
         with self._lock:
             todo = sorted(self._unseeded & self._assigned_set)
             self._unseeded.clear()
-        found = client.committed(todo, 2000) if todo else {}
+        try:
+            found = {p: c.offset for p, c in client.committed(todo, 2000).items()} if todo else {}
+        except RetriableClientError as exc:  # only a figure: the next assignment reads again
+            log.debug("shard %d: %s", self.shard_index, exc)
+            return
         self._book.set_committed(found)
         if found:
             self.hooks.on_group_committed(self.shard_index, found)
 
-    # ---- rebalances (possibly on the client's IO thread: never block) -------------------------
+    # ---- rebalances (possibly on the client's IO thread: block only to hand over) ------------
 
-    def _on_assigned(self, partitions: list[int]) -> dict[int, int]:
-        """Partitions were assigned; returns where to start them (the client seeks)."""
+    def _on_assigned(
+        self, partitions: list[int], group: dict[int, GroupCommit] | None = None
+    ) -> dict[int, int]:
+        """Partitions were assigned; returns where to start them (the client seeks).
+
+        ``group``: the group's committed offsets, read by the client in its callback (None:
+        not read); the owner's start rule decides with them (``ShardHooks.on_assigned``).
+        """
         self.last_rebalance_monotonic = time.monotonic()
         if not partitions and self.settings.mode == "group" and self._assigned_set:
             return {}  # a cooperative round that gives this member nothing more: no change
@@ -582,14 +595,19 @@ class Shard:
             for p in partitions:
                 self._first_emitted.pop(p, None)
                 self._coverage.forget(p)
-            if self.settings.mode == "group":
-                self._unseeded |= set(partitions)
+            if self.settings.mode == "group" and group is None:
+                self._unseeded |= set(partitions)  # read after the poll instead
             # A client keeps the position of a partition that comes back to this consumer
             # (kafka-python across an eager rebalance, librdkafka across an incremental
             # unassign and assign): records dropped at revoke must be fetched again. The
             # rewinds of other partitions wait: a cooperative rebalance assigns in steps, and
             # an assignment of nothing is common.
             rewind = {p: self._rewind.pop(p) for p in partitions if p in self._rewind}
+        if group is not None:
+            committed = {p: c.offset for p, c in group.items()}
+            self._book.set_committed(committed)
+            if committed:
+                self.hooks.on_group_committed(self.shard_index, committed)
         # A static assignment is the configuration itself (evaluation, replay, --partitions).
         log.log(
             logging.INFO if self.settings.mode == "group" else logging.DEBUG,
@@ -602,10 +620,10 @@ class Shard:
         if not self._joined and partitions and client is not None:
             # Fetching starts inside this very poll(): hold it until all shards have joined.
             client.pause(partitions)
-        checkpoint = self.hooks.on_assigned(self.shard_index, partitions)
+        starts = self.hooks.on_assigned(self.shard_index, partitions, group)
         seeks: dict[int, int] = {}
         for p, off in rewind.items():
-            if p not in checkpoint:
+            if p not in starts:
                 log.info(
                     "shard %d: partition %d back after revoke; rewinding to %d",
                     self.shard_index,
@@ -613,10 +631,9 @@ class Shard:
                     off,
                 )
                 seeks[p] = off
-        for p, off in checkpoint.items():
+        for p, off in starts.items():
             if p in partitions:
-                why = self.hooks.seek_reason(p)
-                log.info("shard %d: seeking partition %d to %d (%s)", self.shard_index, p, off, why)
+                log.debug("shard %d: starting partition %d at %d", self.shard_index, p, off)
                 seeks[p] = off
         with self._lock:
             for p, off in seeks.items():
@@ -636,6 +653,8 @@ class Shard:
         """
         if not partitions:
             return
+        if not lost:  # the owner settles what it took of them first (outside our lock)
+            self.hooks.on_revoking(self.shard_index, partitions)
         gone = set(partitions)
         with self._lock:
             self.serial += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -86,6 +87,7 @@ class Worker(Lifecycle):
         #: ``_build`` where the step runs on an accelerator.
         self.overlap_steps = False
         self._last_data = time.monotonic()
+        self._broker_down_at = -math.inf  # when the probe last found no broker
         self.exporter: Exporter | None = None
         self.summaries: TrainingSummaries | None = None
         self.profiler: ProfileWindow | None = None
@@ -130,7 +132,7 @@ class Worker(Lifecycle):
                 start_offsets=self.position.current(),
                 topic=cfg.topic,
             )
-            hooks.on_assigned(k, sorted(shard.assigned))
+            hooks.on_assigned(k, sorted(shard.assigned), {})  # no group: its own position
             return shard
 
         return make
@@ -267,6 +269,9 @@ class Worker(Lifecycle):
         """Every second: readiness (model built, broker reachable, partitions assigned) and queues."""
         trimmed = time.monotonic()
         while not self._stopping.wait(1.0):
+            if self.probe is not None and not self.probe.up:
+                # No broker answers: an outage is not idleness (--stop-after-idle waits).
+                self._last_data = self._broker_down_at = time.monotonic()
             self._update_ready()
             if time.monotonic() - trimmed >= TRIM_EVERY_S:  # a pass may last for days
                 release_free_memory()
@@ -330,7 +335,11 @@ class Worker(Lifecycle):
                 self.request_stop("the replay range is trained")
             if cfg.stop_after_idle is not None and (
                 time.monotonic() - self._last_data >= cfg.stop_after_idle
-                or (exhausted and self._pass_ends_only_when_idle())
+                or (
+                    exhausted
+                    and self._pass_ends_only_when_idle()
+                    and time.monotonic() - self._broker_down_at >= cfg.stop_after_idle
+                )
             ):
                 self.request_stop(f"idle for {cfg.stop_after_idle:g}s")
         if self.exporter is not None and self.step not in (

@@ -21,6 +21,7 @@ __all__ = [
     "ClientName",
     "CommitCallback",
     "ConsumerClient",
+    "GroupCommit",
     "GroupState",
     "NoCommittedOffset",
     "OffsetsOutOfRange",
@@ -43,6 +44,16 @@ class GroupState:
 
     stable: bool
     generation: int | None  # None while not in a stable generation
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCommit:
+    """A partition's committed offset in the group, and the metadata stored with it (who
+    committed it: a worker writes ``streamer-worker ...``; Kafka's tools and ``reset-group``
+    write their own or none)."""
+
+    offset: int
+    metadata: str = ""
 
 
 class NoCommittedOffset(StreamerError):
@@ -116,11 +127,16 @@ class UnreadableBatchError(StreamerError):
 
 
 class RebalanceListener(Protocol):
-    """The shard's side of a rebalance. Must not block (it may run on the library's IO thread)."""
+    """The shard's side of a rebalance (it may run on the library's IO thread: it blocks only
+    for the hand-over of revoked partitions, bounded, see ``Shard._on_revoked``)."""
 
-    def assigned(self, partitions: list[int]) -> dict[int, int]:
+    def assigned(
+        self, partitions: list[int], group: dict[int, GroupCommit] | None = None
+    ) -> dict[int, int]:
         """Partitions were added to the assignment (all of it with an eager protocol, those
-        that moved with a cooperative one); returns {partition: offset} to start them at."""
+        that moved with a cooperative one), with the group's committed offsets of them as
+        read in the callback (None: they could not be read); returns {partition: offset} to
+        start them at."""
         ...
 
     def revoked(self, partitions: list[int], *, lost: bool) -> None:
@@ -183,8 +199,13 @@ class ConsumerClient(Protocol):
         is available (None otherwise); may make one bounded network call now and then."""
         ...
 
-    def committed(self, partitions: list[int], timeout_ms: int) -> dict[int, int]:
-        """The group's committed offsets of these partitions (those that have one)."""
+    def committed(self, partitions: list[int], timeout_ms: int) -> dict[int, GroupCommit]:
+        """The group's committed offsets of these partitions (those that have one), with
+        their metadata. Raises ``RetriableClientError`` when they could not be read.
+
+        Called from the poller thread, and from within the assignment callback (on whatever
+        thread the library runs it: the adapter must not block its own IO thread there).
+        """
         ...
 
     def pause(self, partitions: list[int]) -> None: ...

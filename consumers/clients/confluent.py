@@ -32,6 +32,7 @@ import numpy as np
 from consumers.block import RecordBlock
 from consumers.clients.base import (
     CommitCallback,
+    GroupCommit,
     GroupState,
     NoCommittedOffset,
     OffsetsOutOfRange,
@@ -73,6 +74,8 @@ _TIMESTAMP, _ERROR = ck.Message.timestamp, ck.Message.error
 _SECOND = itemgetter(1)
 #: With no partition assigned, how often the topic's existence is checked.
 _TOPIC_CHECK_S = 5.0
+#: How long an assignment waits for the group's committed offsets (the start rule's input).
+_COMMITTED_TIMEOUT_MS = 5000
 #: The receive.message.max.bytes floors above the inflation bound already logged.
 _FLOORS_NOTED: set[int] = set()
 
@@ -275,7 +278,18 @@ class ConfluentClient:
                 self._skipped.pop(p, None)
             self._assigned |= set(parts)
             self._assigned_once = True
-            seeks = self._listener.assigned(parts) if self._listener is not None else {}
+            group: dict[int, GroupCommit] | None = None
+            if parts and self.settings.group_id:
+                try:  # librdkafka answers this from its own threads: allowed in the callback
+                    group = self.committed(parts, _COMMITTED_TIMEOUT_MS)
+                except RetriableClientError as exc:  # the shard starts from what it knows
+                    log.warning(
+                        "shard %d: the group's committed offsets could not be read at "
+                        "assignment: %s",
+                        self.shard_index,
+                        exc,
+                    )
+            seeks = self._listener.assigned(parts, group) if self._listener is not None else {}
             for tp in tps:
                 if tp.partition in seeks:
                     tp.offset = seeks[tp.partition]  # a seek in this callback would fail
@@ -529,15 +543,18 @@ class ConfluentClient:
             return None
         return {p: o for p, o in stable.items() if p in self._assigned}
 
-    def committed(self, partitions: list[int], timeout_ms: int) -> dict[int, int]:
+    def committed(self, partitions: list[int], timeout_ms: int) -> dict[int, GroupCommit]:
         try:
             found = self.consumer.committed(
                 [self._tp(p) for p in partitions], timeout=timeout_ms / 1000
             )
-        except ck.KafkaException as exc:  # only a figure: the next assignment tries again
-            log.debug("shard %d: committed offsets: %s", self.shard_index, exc)
-            return {}
-        return {tp.partition: tp.offset for tp in found if tp.offset >= 0}
+        except ck.KafkaException as exc:
+            raise RetriableClientError(f"reading committed offsets failed: {exc}") from exc
+        return {
+            tp.partition: GroupCommit(tp.offset, tp.metadata or "")
+            for tp in found
+            if tp.offset >= 0 and tp.error is None
+        }
 
     # ---- flow control ----------------------------------------------------------------------
 

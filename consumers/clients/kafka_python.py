@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import kafka.errors as kerrors
 from kafka import KafkaConsumer, TopicPartition
-from kafka.consumer.subscription_state import ConsumerRebalanceListener
+from kafka.consumer.subscription_state import AsyncConsumerRebalanceListener
 from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
@@ -28,6 +28,7 @@ from consumers.block import RecordBlock
 from consumers.clients import kafka_python_internals as internals
 from consumers.clients.base import (
     CommitCallback,
+    GroupCommit,
     GroupState,
     NoCommittedOffset,
     OffsetsOutOfRange,
@@ -90,6 +91,8 @@ _GROUP_CHECK_RETRY_S = 30.0
 #: read_committed: how often the last stable offsets are read (for lag), how long one read
 #: may take, and how long to wait after a failed one.
 _STABLE_EVERY_S = 2.0
+#: How long an assignment waits for the group's committed offsets (the start rule's input).
+_COMMITTED_TIMEOUT_MS = 5000
 _STABLE_TIMEOUT_MS = 500
 _STABLE_RETRY_S = 10.0
 
@@ -324,8 +327,12 @@ def open_client(settings: ConsumerSettings, shard_index: int) -> KafkaPythonClie
 # ---- the consumer -------------------------------------------------------------------------
 
 
-class _Listener(ConsumerRebalanceListener):
-    """kafka-python's listener (run on its IO thread) calling the shard's."""
+class _Listener(AsyncConsumerRebalanceListener):
+    """kafka-python's listener (awaited on its IO thread) calling the shard's.
+
+    Async, so that an assignment can read the group's committed offsets (the shard's start
+    rule needs them) without the blocking call kafka-python refuses on its IO thread.
+    """
 
     def __init__(self, client: KafkaPythonClient, listener: RebalanceListener) -> None:
         self._client = client
@@ -334,20 +341,47 @@ class _Listener(ConsumerRebalanceListener):
         #: it closes the consumer was already handled (as lost).
         self.detached = False
 
-    def on_partitions_revoked(self, revoked: Any) -> None:
+    async def on_partitions_revoked(self, revoked: Any) -> None:
         if not self.detached:
             self._listener.revoked([tp.partition for tp in revoked], lost=False)
 
-    def on_partitions_lost(self, lost: Any) -> None:
+    async def on_partitions_lost(self, lost: Any) -> None:
         if not self.detached:
             self._listener.revoked([tp.partition for tp in lost], lost=True)
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_partitions_assigned(self, assigned: Any) -> None:
         if self.detached:
             return
-        seeks = self._listener.assigned([tp.partition for tp in assigned])
+        parts = [tp.partition for tp in assigned]
+        group: dict[int, GroupCommit] | None = None
+        if parts and self._client.settings.group_id:
+            try:
+                found = await internals.committed_async(
+                    self._client.consumer, list(assigned), _COMMITTED_TIMEOUT_MS
+                )
+                group = _group_commits(found)
+            except Exception as exc:  # the shard then starts from what it knows itself
+                log.warning(
+                    "shard %d: the group's committed offsets could not be read at "
+                    "assignment: %r",
+                    self._client.shard_index,
+                    exc,
+                )
+        seeks = self._listener.assigned(parts, group)
         for p, offset in seeks.items():
             self._client.seek(p, offset)
+
+
+def _group_commits(found: dict[Any, Any]) -> dict[int, GroupCommit]:
+    out: dict[int, GroupCommit] = {}
+    for tp, om in found.items():
+        if om is None:
+            continue
+        offset = getattr(om, "offset", om)
+        if offset is None or int(offset) < 0:
+            continue
+        out[tp.partition] = GroupCommit(int(offset), getattr(om, "metadata", "") or "")
+    return out
 
 
 class KafkaPythonClient:
@@ -500,17 +534,15 @@ class KafkaPythonClient:
         self._stable_after = now + _STABLE_EVERY_S
         return {tp.partition: int(off) for tp, off in found.items() if off is not None}
 
-    def committed(self, partitions: list[int], timeout_ms: int) -> dict[int, int]:
-        found: dict[int, int] = {}
-        for p in partitions:
-            try:
-                off = self.consumer.committed(self._tp(p), timeout_ms=timeout_ms)
-            except kerrors.KafkaError as exc:  # only a figure: the next assignment tries again
-                log.debug("shard %d: committed offset of %d: %s", self.shard_index, p, exc)
-                continue
-            if off is not None:
-                found[p] = int(off)
-        return found
+    def committed(self, partitions: list[int], timeout_ms: int) -> dict[int, GroupCommit]:
+        found: dict[Any, Any] = {}
+        try:
+            for p in partitions:
+                tp = self._tp(p)
+                found[tp] = self.consumer.committed(tp, metadata=True, timeout_ms=timeout_ms)
+        except kerrors.KafkaError as exc:
+            raise RetriableClientError(f"reading committed offsets failed: {exc}") from exc
+        return _group_commits(found)
 
     # ---- flow control ----------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ __all__ = [
     "bounded_inflation",
     "cached_partitions",
     "classify_failure",
+    "committed_async",
     "consumed_positions",
     "is_group_leader",
     "last_metadata_refresh_ms",
@@ -544,3 +545,18 @@ if getattr(kcodec.lz4, "LZ4FrameDecompressor", None) is not None:
     _INFLATERS[_LZ4] = _unlz4
 if kcodec.zstd is not None:
     _INFLATERS[_ZSTD] = _unzstd
+
+
+async def committed_async(consumer: Any, tps: list[Any], timeout_ms: int) -> dict[Any, Any]:
+    """The group's committed offsets of ``tps`` ({TopicPartition: OffsetAndMetadata}), read
+    from within a rebalance listener.
+
+    kafka-python 3 runs listeners on its IO thread, where the blocking
+    ``KafkaConsumer.committed`` raises ("Cannot block on net.run() from the IO thread"); an
+    ``AsyncConsumerRebalanceListener`` awaits the coordinator's async variant instead.
+    """
+    coordinator = consumer._coordinator
+    found: dict[Any, Any] = await coordinator.fetch_committed_offsets_async(
+        tps, timeout_ms=timeout_ms
+    )
+    return found

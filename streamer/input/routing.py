@@ -9,10 +9,13 @@ import time
 from typing import TYPE_CHECKING
 
 from consumers import ShardHooks, ShardLike
+from consumers.clients.base import GroupCommit
 from consumers.types import KafkaErrorType
 from streamer.input.offsets import OffsetTracker
+from streamer.input.starts import choose_start
 
 if TYPE_CHECKING:
+    from streamer.input.handover import HandOver
     from streamer.ops.health import Health
     from streamer.ops.metrics import Metrics
 
@@ -22,12 +25,16 @@ log = logging.getLogger("streamer.routing")
 
 
 class ShardRouter(ShardHooks):
-    """The shards of one source: their hooks, their partitions, their commits.
+    """The shards of one source: their hooks, their partitions, their commits, their starts.
 
-    ``restore`` holds where partitions start (a checkpoint, or ``--start-from``) until the
-    pass ends: a first assignment may be short-lived, and the next owner starts from what is
-    done by then. ``topic_missing`` is what the last shard to look said, kept across passes
-    (a new pass's shards have not looked yet) until one finds the topic or is assigned.
+    Where an assigned partition starts is decided here (``streamer.input.starts``), from this
+    source's own position (``restore``: a checkpoint's offsets at first, then what it trained
+    and committed, kept across passes), the group's committed offset as the shard read it in
+    the assignment, and an operator's start (``restore`` with another ``restore_reason``:
+    ``--start-from``, a replay's range), which holds for the first pass. ``topic_missing`` is
+    what the last shard to look said, kept across passes (a new pass's shards have not looked
+    yet) until one finds the topic or is assigned. ``handover`` (set by the dataset that
+    trains) makes a revocation wait for the records it handed to training.
     """
 
     def __init__(
@@ -48,9 +55,13 @@ class ShardRouter(ShardHooks):
         self._open: list[ShardLike] = []
         self._owner: dict[int, int] = {}
         self._paused: dict[int, int] = {}
-        self._restore: dict[int, int] = dict(restore or {})
-        #: Why each restore offset is there (the seek's log line says it).
-        self._reasons: dict[int, str] = dict.fromkeys(self._restore, restore_reason)
+        own = restore_reason == "checkpoint"
+        #: This source's position per partition (what it trained), when it holds none now.
+        self._mine: dict[int, int] = dict(restore or {}) if own else {}
+        #: An operator's start per partition, and why: the first pass only.
+        self._forced: dict[int, int] = {} if own else dict(restore or {})
+        self._reasons: dict[int, str] = dict.fromkeys(self._forced, restore_reason)
+        self.handover: HandOver | None = None
         self.topic_missing = False
 
     # ---- the shards --------------------------------------------------------------------------
@@ -68,11 +79,13 @@ class ShardRouter(ShardHooks):
         return False
 
     def take_all(self) -> list[ShardLike]:
-        """Every open shard, forgotten (the pass ends); the restore offsets are used up."""
+        """Every open shard, forgotten (the pass ends); an operator's start is used up, and
+        what this pass trained is this source's position for the next."""
         with self._lock:
             shards, self._open = self._open, []
-            self._restore.clear()
+            self._forced.clear()
             self._reasons.clear()
+            self._mine.update(self.tracker.commit_points())
         return shards
 
     def shards(self) -> list[ShardLike]:
@@ -80,12 +93,16 @@ class ShardRouter(ShardHooks):
             return list(self._open)
 
     def restore_offsets(self) -> dict[int, int]:
+        """Where partitions would start now, as far as this source knows without the group:
+        a process shard's fallback should its parent not answer an assignment in time."""
         with self._lock:
-            return dict(self._restore)
+            return {**self._mine, **self.tracker.commit_points(), **self._forced}
 
-    def seek_reason(self, partition: int) -> str:
-        with self._lock:
-            return self._reasons.get(partition, "checkpoint")
+    def mine(self, partition: int) -> int | None:
+        """This source's position in ``partition``: the tracker's point while it holds
+        records of it, else what it trained and committed before."""
+        point = self.tracker.commit_points().get(partition)
+        return point if point is not None else self._mine.get(partition)
 
     def assigned_count(self) -> int:
         with self._lock:
@@ -108,12 +125,38 @@ class ShardRouter(ShardHooks):
 
     # ---- hooks -------------------------------------------------------------------------------
 
-    def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+    def on_assigned(
+        self,
+        shard_index: int,
+        partitions: list[int],
+        group: dict[int, GroupCommit] | None = None,
+    ) -> dict[int, int]:
+        known = group is not None
+        found = group or {}
+        seeks: dict[int, int] = {}
+        starts: dict[int, int | None] = {}
         with self._lock:
             self._owner.update(dict.fromkeys(partitions, shard_index))
             if partitions:
                 self.topic_missing = False
-            seeks = {p: self._restore[p] for p in partitions if p in self._restore}
+            for p in partitions:
+                forced = (self._forced[p], self._reasons[p]) if p in self._forced else None
+                start = choose_start(
+                    mine=self.mine(p), group=found.get(p), group_known=known, forced=forced
+                )
+                starts[p] = start.offset
+                if start.offset is not None:
+                    seeks[p] = start.offset
+                log.log(
+                    logging.INFO if start.notable else logging.DEBUG,
+                    "partition %d of %s starts at %s: %s",
+                    p,
+                    self.topic,
+                    "the client's position" if start.offset is None else start.offset,
+                    start.why,
+                )
+        if self.handover is not None:
+            self.handover.assign(starts)
         if self.metrics is not None:
             self.metrics.partitions_assigned(partitions)
             self.metrics.seed_start(seeks)  # the lag counts from where they start
@@ -132,19 +175,38 @@ class ShardRouter(ShardHooks):
             points = self.tracker.revoke(mine)
             for p in mine:
                 self._owner.pop(p, None)
-                if p in self._restore and p in points:
-                    # The next owner starts from what is done, not from the checkpoint again.
-                    self._restore[p] = points[p]
-                    self._reasons[p] = "trained up to here before a revocation"
+                if p in points:
+                    self._mine[p] = points[p]
+                    if p in self._forced:
+                        # Back in this pass, it starts from what is done, not from the
+                        # operator's start again.
+                        self._forced[p] = points[p]
+                        self._reasons[p] = "trained up to here before a revocation"
         if self.metrics is not None:
             self.metrics.partitions_revoked(mine)
             self.metrics.rebalance(event)  # type: ignore[arg-type]
         return points
 
+    def on_revoking(self, shard_index: int, partitions: list[int]) -> None:
+        """Before the revocation: no more of their records reach training, and those handed
+        to it are trained first (bounded), so the commit that follows is exact."""
+        handover = self.handover
+        if handover is None:
+            return
+        with self._lock:
+            if not any(getattr(s, "shard_index", None) == shard_index for s in self._open):
+                return  # a shard closing at the end of its pass: nothing trains meanwhile
+            mine = [p for p in partitions if self._owner.get(p, shard_index) == shard_index]
+        if mine:
+            points = self.tracker.commit_points
+            handover.release(mine, lambda p: points().get(p))
+
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
         return self._forget(shard_index, partitions, "revoked")
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:
+        if self.handover is not None:  # another member has them: train none of them here
+            self.handover.block(partitions)
         self._forget(shard_index, partitions, "lost")
 
     def on_poll(
@@ -174,19 +236,24 @@ class ShardRouter(ShardHooks):
     def on_commit(
         self, offsets: dict[int, int], ok: bool, seconds: float, error: str | None
     ) -> None:
+        if ok:
+            with self._lock:
+                for p, off in offsets.items():
+                    self._mine[p] = max(off, self._mine.get(p, off))
         if self.metrics is not None:
             self.metrics.observe_commit(offsets, ok, seconds)
 
     def on_topic_missing(self, shard_index: int, missing: bool) -> None:
         with self._lock:
             self.topic_missing = missing
-            if missing and self._restore:
-                # A topic that exists again is a new topic: checkpoint offsets of the old
-                # one would skip its records.
+            if missing and (self._mine or self._forced):
+                # A topic that exists again is a new topic: offsets of the old one would
+                # skip its records.
                 log.warning(
-                    "topic %r is missing: its checkpoint offsets no longer apply", self.topic
+                    "topic %r is missing: this worker's offsets of it no longer apply", self.topic
                 )
-                self._restore.clear()
+                self._mine.clear()
+                self._forced.clear()
                 self._reasons.clear()
 
     def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:

@@ -24,6 +24,7 @@ from streamer.decode.ragged import Column, concat_rows, num_rows
 from streamer.decode.records import DecodedBlock, decode_block, explain_reject, prepare_block
 from streamer.decode.schema import Schema
 from streamer.input.breaker import RejectBreaker
+from streamer.input.handover import HandOver
 from streamer.input.offsets import OffsetTracker
 from streamer.input.passes import PassRules
 from streamer.input.pipeline import PipelineSettings
@@ -241,10 +242,24 @@ class StreamSource:
             )
             return to_batch(schema, out)
 
-        ds = self.blocks().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=False)
+        # In order (the blocks of one partition come from one shard, in offset order): what
+        # reaches training of a partition is then a prefix of what was read, and a revocation
+        # commits exactly what was trained (streamer.input.handover). A shuffle window mixes
+        # rows anyway: there the map keeps no order.
+        ordered = not self.settings.shuffle_buffer
+        ds = self.blocks().map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=ordered)
         ds = ds.rebatch(self.settings.batch_size, drop_remainder=self.settings.drop_remainder)
         prefetch = self.settings.prefetch_batches
-        return ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)
+        ds = ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)
+        # The hand-over point: the last stage, after every buffer, so a batch passes it only as
+        # the trainer takes it (no prefetch may be injected after it).
+        handover = self.router.handover
+        if handover is None:
+            handover = self.router.handover = HandOver(ordered=ordered)
+        ds = ds.map(handover.filter)
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False
+        return ds.with_options(options)
 
     def flat_blocks(self) -> tf.data.Dataset:
         """Decoded blocks, not batched: each element is the decode's flat outputs (every

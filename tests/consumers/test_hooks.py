@@ -34,7 +34,7 @@ def test_the_defaults_seek_nothing_commit_nothing_and_ignore_the_rest() -> None:
     h = ShardHooks()
     assert h.on_assigned(0, [0, 1]) == {}
     assert h.on_revoked(0, [0, 1]) == {}
-    assert h.seek_reason(0) == "checkpoint"
+    assert h.on_revoking(0, [0]) is None
     assert h.on_lost(0, [1]) is None
     assert h.on_poll(0, 3, 30, {0: 10}, {0: 7}) is None
     assert h.on_stable_offsets(0, {0: 5}) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from consumers.clients.base import GroupCommit
 from streamer.input.offsets import OffsetTracker
 from streamer.input.routing import ShardRouter
 
@@ -36,17 +37,43 @@ def test_a_late_revocation_never_erases_the_new_owners_partition() -> None:
     assert router.on_revoked(1, [3]) == {3: 12}  # the owner's revoke hands the point back
 
 
-def test_restore_offsets_follow_what_was_trained_before_a_revocation() -> None:
+def test_an_operators_start_holds_for_the_first_pass_and_follows_what_was_trained() -> None:
     tracker = OffsetTracker()
     router = ShardRouter("t", tracker, restore={0: 100}, restore_reason="--start-from x")
-    assert router.on_assigned(0, [0]) == {0: 100}
-    assert router.seek_reason(0) == "--start-from x"
+    # The operator's start wins over the group's commit, ahead or behind.
+    assert router.on_assigned(0, [0], {0: GroupCommit(500, "streamer-worker a")}) == {0: 100}
     _trained(tracker, 0, [100, 101, 102])
     router.on_revoked(0, [0])
-    assert router.on_assigned(1, [0]) == {0: 103}  # the next owner starts where it was left
-    assert router.seek_reason(0) == "trained up to here before a revocation"
-    router.take_all()  # the pass ends: restore offsets are used up
-    assert router.restore_offsets() == {}
+    # Back in the same pass: from what was trained, not from the operator's start again.
+    assert router.on_assigned(1, [0], {0: GroupCommit(500, "streamer-worker a")}) == {0: 103}
+    router.on_revoked(1, [0])
+    router.take_all()  # the pass ends: the operator's start is used up; the position stays
+    assert router.restore_offsets() == {0: 103}
+    assert router.on_assigned(0, [0], {0: GroupCommit(500, "streamer-worker a")}) == {0: 500}
+
+
+def test_a_checkpoint_behind_the_group_starts_from_the_group() -> None:
+    """A deploy: another member trained the partition since this worker's checkpoint."""
+    router = ShardRouter("t", OffsetTracker(), restore={1: 16_253, 3: 16_000})
+    group = {1: GroupCommit(46_599, "streamer-worker b"), 3: GroupCommit(16_000, "streamer-worker b")}
+    assert router.on_assigned(0, [1, 3], group) == {1: 46_599, 3: 16_000}
+
+
+def test_a_lagging_worker_commit_loses_to_what_this_worker_trained() -> None:
+    """An outage: the group's commit is this worker's own, behind what it trained."""
+    tracker = OffsetTracker()
+    router = ShardRouter("t", tracker, restore={0: 10})
+    router.on_assigned(0, [0], {0: GroupCommit(10, "streamer-worker a")})
+    _trained(tracker, 0, list(range(10, 60)))
+    router.on_lost(0, [0])  # the session expired: nothing committed
+    router.take_all()
+    assert router.on_assigned(0, [0], {0: GroupCommit(10, "streamer-worker a")}) == {0: 60}
+
+
+def test_an_operators_rewind_of_the_group_wins_over_the_checkpoint() -> None:
+    router = ShardRouter("t", OffsetTracker(), restore={0: 900})
+    assert router.on_assigned(0, [0], {0: GroupCommit(0, "")}) == {0: 0}
+    assert router.on_assigned(1, [2], None) == {}  # unknown group, no position: the client's
 
 
 def test_commits_go_to_the_shard_that_owns_each_partition_now() -> None:
