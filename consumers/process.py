@@ -180,6 +180,7 @@ class _ChildHooks(ShardHooks):
         self._asks = itertools.count(1)
         self._answers: dict[int, dict[int, int] | None] = {}
         self._answered = threading.Condition()
+        self._revoke_answer: dict[int, int] | None = None
 
     def _serial(self) -> int:
         return self.shard.serial if self.shard is not None else 0
@@ -228,18 +229,29 @@ class _ChildHooks(ShardHooks):
         return starts
 
     def on_revoking(self, shard_index: int, partitions: list[int]) -> None:
-        """Nothing here: the parent settles the partitions when it answers ``on_revoked``'s
-        question (``ProcessShard._handle``), one round trip for both."""
-
-    def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        serial = self._serial()
+        """Ask the parent to settle the partitions and say what to commit: here, outside the
+        shard's lock (the command thread that brings the answer may need that lock for a
+        commit request that came first); ``on_revoked`` then returns the answer."""
+        serial = self._serial() + 1  # the serial the revocation takes (Shard._on_revoked)
         points = self._ask(
             lambda ask: Revoked(partitions, serial, lost=False, ask=ask), REVOKE_ANSWER_SECONDS
         )
         if points is None:
+            log.warning(
+                "shard %d: the parent did not say what to commit of revoked partitions %s "
+                "within %.0fs; committing its last commit request",
+                shard_index,
+                sorted(partitions),
+                REVOKE_ANSWER_SECONDS,
+            )
+        self._revoke_answer = points
+
+    def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+        points, self._revoke_answer = self._revoke_answer, None
+        if points is None:
             # The parent's tracker is the truth; the last points it sent are at or below it.
             return {p: self.points[p] for p in partitions if p in self.points}
-        return points
+        return {p: o for p, o in points.items() if p in partitions}
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:
         self._send(Revoked(partitions, self._serial(), lost=True))

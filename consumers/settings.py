@@ -22,6 +22,7 @@ from consumers.types import (
 from consumers.types import ClientName as KafkaClient
 
 __all__ = [
+    "WORKER_COMMIT",
     "AssignmentStrategy",
     "AutoOffsetReset",
     "ConsumerSettings",
@@ -35,7 +36,22 @@ __all__ = [
     "ShardMode",
     "ShardRuntime",
     "valid_port",
+    "worker_commit_metadata",
 ]
+
+#: The metadata every worker commit carries (then its worker id): the start rule
+#: (streamer.input.starts) tells a worker's lagging commit from an operator's rewind by it.
+WORKER_COMMIT = "streamer-worker"
+
+
+def worker_commit_metadata(worker_id: str) -> str:
+    """The metadata of a worker's commits.
+
+    >>> worker_commit_metadata("trainer-0")
+    'streamer-worker trainer-0'
+    """
+    return f"{WORKER_COMMIT} {worker_id}"
+
 
 _MODES = get_args(ShardMode)
 _RESETS = get_args(AutoOffsetReset)
@@ -182,7 +198,9 @@ class ConsumerSettings:
 
     Static mode with an empty ``group_id`` belongs to no group and commits nothing (the
     evaluator, a replay without ``--replay-group``); commit requests are dropped.
-    ``commit_metadata`` is stored with every commit (a replay marks its commits with it).
+    ``commit_metadata`` is stored with every commit (a replay marks its commits with it);
+    empty: ``streamer-worker <worker_id>`` (``commit_metadata_text``), by which the start
+    rule tells a worker's own lagging commit from an operator's rewind.
     """
 
     bootstrap_servers: str
@@ -333,6 +351,15 @@ class ConsumerSettings:
         104857600
         """
         return self.max_batch_inflated_bytes or max(2 * self.fetch_max_bytes, 64 << 20)
+
+    @property
+    def commit_metadata_text(self) -> str:
+        """The metadata every commit carries.
+
+        >>> ConsumerSettings(bootstrap_servers="b:9092", topic="t", worker_id="w1").commit_metadata_text
+        'streamer-worker w1'
+        """
+        return self.commit_metadata or worker_commit_metadata(self.worker_id)
 
     def group_instance_id(self, shard_index: int) -> str:
         """Stable static-membership id: worker id + shard index."""

@@ -88,6 +88,8 @@ class Worker(Lifecycle):
         self.overlap_steps = False
         self._last_data = time.monotonic()
         self._broker_down_at = -math.inf  # when the probe last found no broker
+        #: Until when an idle stop waits for the group's partitions held elsewhere.
+        self._idle_grace_until: float | None = None
         self.exporter: Exporter | None = None
         self.summaries: TrainingSummaries | None = None
         self.profiler: ProfileWindow | None = None
@@ -341,7 +343,7 @@ class Worker(Lifecycle):
                     and time.monotonic() - self._broker_down_at >= cfg.stop_after_idle
                 )
             ):
-                self.request_stop(f"idle for {cfg.stop_after_idle:g}s")
+                self._stop_when_idle(cfg.stop_after_idle)
         if self.exporter is not None and self.step not in (
             self._exported_step,
             self._run_start_step,
@@ -351,6 +353,58 @@ class Worker(Lifecycle):
         status.end()
         log.info("stopped (%s) at step %d", self._stop_reason, self.step)
         return 0
+
+    def _stop_when_idle(self, idle_seconds: float) -> None:
+        """Stop on --stop-after-idle, unless the group still has records on partitions this
+        worker does not own: a static member that stopped keeps its partitions until the
+        broker expires its session, so wait that long (once) for them to come here; stop
+        anyway after that, saying so in the stop line."""
+        lag = self._group_lag_elsewhere()
+        now = time.monotonic()
+        if lag and self._idle_grace_until is None:
+            wait = self.config.session_timeout_ms / 1000 + 10.0
+            self._idle_grace_until = now + wait
+            log.warning(
+                "idle for %gs, but the group has %d records not trained on partitions %s "
+                "this worker does not own (another member's, or a stopped static member's "
+                "until its session expires): waiting up to %.0fs for them",
+                idle_seconds,
+                sum(lag.values()),
+                sorted(lag),
+                wait,
+            )
+            self._last_data = now
+            return
+        if lag and self._idle_grace_until is not None and now < self._idle_grace_until:
+            return
+        reason = f"idle for {idle_seconds:g}s"
+        if lag:
+            reason += (
+                f"; the group still has {sum(lag.values())} records not trained on partitions "
+                f"{sorted(lag)}, owned by no member here"
+            )
+        self.request_stop(reason)
+
+    def _group_lag_elsewhere(self) -> dict[int, int]:
+        """The group's lag per partition, between passes (this worker owns none then: what
+        it trained is committed), so any lag is on another member's partitions."""
+        cfg = self.config
+        if cfg.bootstrap is None or cfg.replay is not None or not cfg.commits:
+            return {}
+        from consumers.admin import group_lag
+
+        try:
+            lags = group_lag(
+                cfg.bootstrap,
+                cfg.group,
+                cfg.topic,
+                security=cfg.security_settings(),
+                isolation_level=cfg.isolation_level,
+            )
+        except Exception as exc:  # only a courtesy: the stop goes ahead
+            log.debug("the group's lag could not be read: %r", exc)
+            return {}
+        return {lag.partition: lag.lag for lag in lags if lag.lag > 0}
 
     def _pass_ends_only_when_idle(self) -> bool:
         """True when the only way a pass runs out is every shard idle for --stop-after-idle.

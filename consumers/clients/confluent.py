@@ -616,7 +616,7 @@ class ConfluentClient:
         callback: CommitCallback | None = None,
         timeout_ms: int | None = None,
     ) -> None:
-        meta = self.settings.commit_metadata  # TopicPartition refuses None (a str or left out)
+        meta = self.settings.commit_metadata_text  # TopicPartition refuses None (a str or left out)
         tps = [
             ck.TopicPartition(self.topic, p, o, meta)
             if meta

@@ -362,8 +362,7 @@ class _Listener(AsyncConsumerRebalanceListener):
                 group = _group_commits(found)
             except Exception as exc:  # the shard then starts from what it knows itself
                 log.warning(
-                    "shard %d: the group's committed offsets could not be read at "
-                    "assignment: %r",
+                    "shard %d: the group's committed offsets could not be read at assignment: %r",
                     self._client.shard_index,
                     exc,
                 )
@@ -583,7 +582,7 @@ class KafkaPythonClient:
         callback: CommitCallback | None = None,
         timeout_ms: int | None = None,
     ) -> None:
-        meta = self.settings.commit_metadata
+        meta = self.settings.commit_metadata_text
         payload = {self._tp(p): OffsetAndMetadata(o, meta, -1) for p, o in offsets.items()}
         if callback is None:
             self.consumer.commit(payload, timeout_ms=timeout_ms)

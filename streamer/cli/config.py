@@ -24,7 +24,6 @@ from streamer.cli.options import ENV_PREFIX, OPTIONS, OPTIONS_BY_NAME, Option, O
 from streamer.cli.replay import COMMIT_METADATA, FLAG_ONLY, ReplaySpec
 from streamer.decode.schema import Schema
 from streamer.input.pipeline import PipelineSettings
-from streamer.input.starts import worker_commit_metadata
 
 __all__ = [
     "OPTIONS",
@@ -266,9 +265,7 @@ class WorkerConfig(Options):
             targets["partitions"] = tuple(partitions)
         elif self.replay is not None and not self.partitions:
             targets["partitions"] = (0,)
-        # A worker's commits say so: the start rule tells its lagging commit from an
-        # operator's rewind by it (streamer.input.starts).
-        metadata = worker_commit_metadata(self.worker_id)
+        metadata = ""  # a worker's own: ConsumerSettings.commit_metadata_text
         if self.replay is not None:
             # No group unless --replay-group names one; its commits say they are a replay's.
             targets["group_id"] = self.replay.group or ""

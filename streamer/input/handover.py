@@ -1,20 +1,22 @@
 """HandOver: where records leave the input pipeline for training, so a revoked partition is
 handed to its next owner exactly: what was trained is committed, the rest never trained here.
 
-The last stage of ``StreamSource.dataset()`` is a filter (graph ops only, no Python per
-batch) that keeps, per partition, the highest offset it handed to the trainer, and drops a
-row when its offset is at or below the partition's floor. A revocation raises the floor past
-every offset (nothing more of the partition reaches training), waits until every record it
-handed is trained (acknowledged in the offset tracker), and only then lets the shard commit:
-the commit is exactly what was trained. An assignment sets the floor below the partition's
-start, so records of an earlier assignment still in the pipeline (stale copies) are dropped.
+Every assignment of a partition to this source gets a new epoch (``ShardRouter``); a block
+claimed from a shard carries the epochs of its partitions, and every row its epoch (the
+``EPOCH`` column, added by the decode and removed here). The last stage of
+``StreamSource.dataset()`` is a filter (graph ops only, no Python per batch) that keeps a row
+only while its partition's current epoch is the row's, and records per partition the highest
+offset it handed to the trainer. A revocation ends the epoch (nothing more of the partition
+reaches training: rows still in the pipeline's buffers are dropped, never trained after the
+hand-over nor trained again if the partition comes back), waits until every record it handed
+is trained (acknowledged in the offset tracker), and only then lets the shard commit: the
+commit is exactly what was trained.
 
-Blocks of one partition stay in offset order through the pipeline (one shard per partition,
-a deterministic decode map, ``rebatch``): what was handed is a prefix of what was read, so
-"trained up to the highest handed offset" is one commit point. With a shuffle window rows are
-not in order: the filter then only drops revoked partitions' rows, and a revocation commits
-the tracker's point as it stands (records handed and not yet trained are trained again by the
-next owner).
+Blocks of one partition stay in offset order through the pipeline (one shard per partition
+and epoch, a deterministic decode map, ``rebatch``): what was handed is a prefix of what was
+read, so "trained up to the highest handed offset" is one commit point. With a shuffle window
+rows are not in order: a revocation then commits the tracker's point as it stands (records
+handed and not yet trained are trained again by the next owner).
 """
 
 from __future__ import annotations
@@ -24,16 +26,37 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
-__all__ = ["HandOver"]
+__all__ = ["EPOCH", "HandOver", "row_epochs"]
 
 log = logging.getLogger("streamer.handover")
 
 #: Partitions 0 .. CAPACITY-1 are filtered (Kafka topics stay far below); rows of a higher
 #: partition pass unfiltered.
 CAPACITY = 1 << 16
-_NEVER = 2**63 - 1
+#: The batch column that carries each row's assignment epoch up to the filter.
+EPOCH = "_epoch"
+_ENDED = -1
+
+
+def row_epochs(epochs: dict[int, int] | None, partition: np.ndarray) -> np.ndarray:
+    """Each row's epoch from its block's per-partition epochs (0: never tagged).
+
+    >>> row_epochs({3: 2, 5: 7}, np.array([3, 5, 3], np.int32)).tolist()
+    [2, 7, 2]
+    """
+    n = len(partition)
+    if not epochs or not n:
+        return np.zeros(n, np.int64)
+    if len(epochs) == 1:
+        return np.full(n, next(iter(epochs.values())), np.int64)
+    keys = np.fromiter(epochs.keys(), np.int64, len(epochs))
+    values = np.fromiter(epochs.values(), np.int64, len(epochs))
+    order = np.argsort(keys)
+    pos = np.searchsorted(keys[order], partition)
+    return values[order][np.minimum(pos, len(keys) - 1)]
 
 
 class HandOver:
@@ -43,23 +66,25 @@ class HandOver:
         self.ordered = ordered
         self.wait_seconds = wait_seconds
         with tf.init_scope():
-            self._floor = tf.Variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), trainable=False)
-            self._handed = tf.Variable(tf.fill([CAPACITY], tf.constant(-1, tf.int64)), trainable=False)
-        #: Rows dropped by the filter so far (stale or revoked): a figure for tests and logs.
-        self._dropped = tf.Variable(tf.constant(0, tf.int64), trainable=False)
+            zeros = tf.zeros([CAPACITY], tf.int64)
+            #: Per partition, the epoch whose rows may be trained (-1: none, revoked).
+            self._current = tf.Variable(zeros, trainable=False)
+            #: Per partition, the highest offset handed to training in the current epoch.
+            self._handed = tf.Variable(zeros - 1, trainable=False)
+            #: Rows dropped so far (of an ended epoch): a figure for logs and tests.
+            self._dropped = tf.Variable(tf.constant(0, tf.int64), trainable=False)
 
     # ---- the filter (graph, the dataset's last map) ------------------------------------------
 
     def filter(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """``batch`` without the rows that must not be trained here."""
+        """``batch`` without its ``EPOCH`` column and the rows that must not be trained."""
+        batch = dict(batch)
+        epoch = batch.pop(EPOCH)
         partition = tf.cast(batch["partition"], tf.int64)
         offset = batch["offset"]
         inside = partition < CAPACITY
         idx = tf.minimum(partition, CAPACITY - 1)
-        floor = tf.gather(self._floor, idx)
-        if self.ordered:
-            floor = tf.maximum(floor, tf.gather(self._handed, idx))
-        keep = tf.logical_or(tf.logical_not(inside), offset > floor)
+        keep = tf.logical_or(tf.logical_not(inside), tf.equal(epoch, tf.gather(self._current, idx)))
         handed = tf.logical_and(keep, inside)
         self._handed.scatter_max(
             tf.IndexedSlices(tf.boolean_mask(offset, handed), tf.boolean_mask(idx, handed))
@@ -76,26 +101,27 @@ class HandOver:
 
     @property
     def dropped(self) -> int:
+        """Rows of ended assignments dropped before training so far."""
         return int(self._dropped.numpy())
 
-    def assign(self, starts: dict[int, int | None]) -> None:
-        """Partitions assigned here, with where they start (None: unknown, nothing dropped)."""
-        parts = [p for p in starts if 0 <= p < CAPACITY]
-        if not parts:
-            return
-        floors = [(-1 if starts[p] is None else int(starts[p]) - 1) for p in parts]  # type: ignore[operator]
-        idx = tf.constant(parts, tf.int64)
-        values = tf.constant(floors, tf.int64)
-        self._handed.scatter_update(tf.IndexedSlices(values, idx))
-        self._floor.scatter_update(tf.IndexedSlices(values, idx))
+    def assign(self, epochs: dict[int, int]) -> None:
+        """Partitions assigned here, each with the epoch of this assignment."""
+        parts = [p for p in epochs if 0 <= p < CAPACITY]
+        if parts:
+            idx = tf.constant(parts, tf.int64)
+            self._handed.scatter_update(
+                tf.IndexedSlices(tf.fill([len(parts)], tf.constant(-1, tf.int64)), idx)
+            )
+            values = tf.constant([epochs[p] for p in parts], tf.int64)
+            self._current.scatter_update(tf.IndexedSlices(values, idx))
 
     def block(self, partitions: list[int]) -> None:
         """No record of these partitions reaches training from now on (lost, or revoking)."""
         parts = [p for p in partitions if 0 <= p < CAPACITY]
         if parts:
             idx = tf.constant(parts, tf.int64)
-            never = tf.fill([len(parts)], tf.constant(_NEVER, tf.int64))
-            self._floor.scatter_update(tf.IndexedSlices(never, idx))
+            ended = tf.fill([len(parts)], tf.constant(_ENDED, tf.int64))
+            self._current.scatter_update(tf.IndexedSlices(ended, idx))
 
     def release(self, partitions: list[int], done: Callable[[int], int | None]) -> None:
         """Revoking: block the partitions, then wait (at most ``wait_seconds``) until every
@@ -121,6 +147,7 @@ class HandOver:
             parts = list(left)
             time.sleep(0.002)
         for p, n in left.items():
+            log.debug("partition %d: handed up to %d, commit point %s", p, handed[p], done(p))
             log.warning(
                 "partition %d: up to %d records handed to training were not trained within "
                 "%.0fs of its revocation; committing what was trained (the next owner trains "

@@ -62,6 +62,9 @@ class ShardRouter(ShardHooks):
         self._forced: dict[int, int] = {} if own else dict(restore or {})
         self._reasons: dict[int, str] = dict.fromkeys(self._forced, restore_reason)
         self.handover: HandOver | None = None
+        #: Per partition, the epoch of its latest assignment to this source (blocks claimed
+        #: carry it: streamer.input.handover drops rows of an ended one).
+        self._epochs: dict[int, int] = {}
         self.topic_missing = False
 
     # ---- the shards --------------------------------------------------------------------------
@@ -97,6 +100,11 @@ class ShardRouter(ShardHooks):
         a process shard's fallback should its parent not answer an assignment in time."""
         with self._lock:
             return {**self._mine, **self.tracker.commit_points(), **self._forced}
+
+    def epochs_of(self, partitions: list[int]) -> dict[int, int]:
+        """The current assignment epoch of each of these partitions (0: never assigned)."""
+        with self._lock:
+            return {p: self._epochs.get(p, 0) for p in partitions}
 
     def mine(self, partition: int) -> int | None:
         """This source's position in ``partition``: the tracker's point while it holds
@@ -134,7 +142,7 @@ class ShardRouter(ShardHooks):
         known = group is not None
         found = group or {}
         seeks: dict[int, int] = {}
-        starts: dict[int, int | None] = {}
+        epochs: dict[int, int] = {}
         with self._lock:
             self._owner.update(dict.fromkeys(partitions, shard_index))
             if partitions:
@@ -144,7 +152,7 @@ class ShardRouter(ShardHooks):
                 start = choose_start(
                     mine=self.mine(p), group=found.get(p), group_known=known, forced=forced
                 )
-                starts[p] = start.offset
+                epochs[p] = self._epochs[p] = self._epochs.get(p, 0) + 1
                 if start.offset is not None:
                     seeks[p] = start.offset
                 log.log(
@@ -156,7 +164,7 @@ class ShardRouter(ShardHooks):
                     start.why,
                 )
         if self.handover is not None:
-            self.handover.assign(starts)
+            self.handover.assign(epochs)
         if self.metrics is not None:
             self.metrics.partitions_assigned(partitions)
             self.metrics.seed_start(seeks)  # the lag counts from where they start

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import logging
@@ -24,7 +25,7 @@ from streamer.decode.ragged import Column, concat_rows, num_rows
 from streamer.decode.records import DecodedBlock, decode_block, explain_reject, prepare_block
 from streamer.decode.schema import Schema
 from streamer.input.breaker import RejectBreaker
-from streamer.input.handover import HandOver
+from streamer.input.handover import EPOCH, HandOver, row_epochs
 from streamer.input.offsets import OffsetTracker
 from streamer.input.passes import PassRules
 from streamer.input.pipeline import PipelineSettings
@@ -158,6 +159,7 @@ class StreamSource:
         self.records_emitted = 0
         self.failure: BaseException | None = None
         self._names = [f.name for f in schema.features]
+        self._with_epochs = False  # set by dataset(): rows carry their assignment epoch
 
     @classmethod
     def open(
@@ -236,11 +238,16 @@ class StreamSource:
         schema = self.schema
         tout = output_types(schema)
 
+        self._with_epochs = True  # each row's assignment epoch, for the hand-over filter
+
         def decode(handle: tf.Tensor) -> dict[str, Any]:
             out = tf.numpy_function(
-                self._decode_np, [handle], tout, stateful=True, name="decode_block"
+                self._decode_np, [handle], [*tout, tf.int64], stateful=True, name="decode_block"
             )
-            return to_batch(schema, out)
+            batch = to_batch(schema, out[:-1])
+            out[-1].set_shape([None])
+            batch[EPOCH] = out[-1]
+            return batch
 
         # In order (the blocks of one partition come from one shard, in offset order): what
         # reaches training of a partition is then a prefix of what was read, and a revocation
@@ -373,6 +380,8 @@ class StreamSource:
         self.tracker.register(block.partition, block.offset)
         if block.ends:
             self.tracker.extend(block.ends)
+        if self._with_epochs and len(block):
+            block = dataclasses.replace(block, epochs=self.router.epochs_of(block.partitions()))
         with self._lock:
             self.records_emitted += len(block)
         return block
@@ -441,9 +450,11 @@ class StreamSource:
         if self.metrics is not None:
             self.metrics.observe_decode(len(kept), decoded.reason_counts())
         out = [decoded.features[name] for name in self._names]
-        if len(kept) == len(values):
-            return [*out, partition, offset, ts]
-        return [*out, partition[kept], offset[kept], ts[kept]]
+        if len(kept) != len(values):
+            partition, offset, ts = partition[kept], offset[kept], ts[kept]
+        if self._with_epochs:
+            return [*out, partition, offset, ts, row_epochs(block.epochs, partition)]
+        return [*out, partition, offset, ts]
 
     def _trip(self) -> None:
         """The reject breaker tripped: the pass stops; the worker ends with RejectLimitError."""

@@ -16,6 +16,8 @@ a replay's ``--from``). The rule:
   Kafka's ``kafka-consumer-groups --reset-offsets``): an operator rewound the group.
 
 >>> from consumers.clients.base import GroupCommit
+from consumers.settings import WORKER_COMMIT
+from consumers.settings import WORKER_COMMIT, worker_commit_metadata
 >>> choose_start(mine=100, group=GroupCommit(250, "streamer-worker b")).offset
 250
 >>> choose_start(mine=100, group=GroupCommit(40, "streamer-worker a")).offset
@@ -29,21 +31,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from consumers.clients.base import GroupCommit
+from consumers.settings import WORKER_COMMIT
 
-__all__ = ["WORKER_COMMIT", "Start", "choose_start", "worker_commit_metadata"]
-
-#: The metadata every worker commit carries (then its worker id): the start rule tells a
-#: worker's lagging commit from an operator's rewind by it.
-WORKER_COMMIT = "streamer-worker"
-
-
-def worker_commit_metadata(worker_id: str) -> str:
-    """The metadata of a worker's commits.
-
-    >>> worker_commit_metadata("trainer-0")
-    'streamer-worker trainer-0'
-    """
-    return f"{WORKER_COMMIT} {worker_id}"
+__all__ = ["Start", "choose_start"]
 
 
 @dataclass(frozen=True, slots=True)

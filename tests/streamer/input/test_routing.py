@@ -55,7 +55,10 @@ def test_an_operators_start_holds_for_the_first_pass_and_follows_what_was_traine
 def test_a_checkpoint_behind_the_group_starts_from_the_group() -> None:
     """A deploy: another member trained the partition since this worker's checkpoint."""
     router = ShardRouter("t", OffsetTracker(), restore={1: 16_253, 3: 16_000})
-    group = {1: GroupCommit(46_599, "streamer-worker b"), 3: GroupCommit(16_000, "streamer-worker b")}
+    group = {
+        1: GroupCommit(46_599, "streamer-worker b"),
+        3: GroupCommit(16_000, "streamer-worker b"),
+    }
     assert router.on_assigned(0, [1, 3], group) == {1: 46_599, 3: 16_000}
 
 
