@@ -181,11 +181,16 @@ class _ChildHooks(ShardHooks):
         self._answers: dict[int, dict[int, int] | None] = {}
         self._answered = threading.Condition()
         self._revoke_answer: dict[int, int] | None = None
+        #: Set when the parent closes this shard: its last commit requests are final (its
+        #: pass committed them before it closed), and nothing more is asked of it.
+        self.closing = threading.Event()
 
     def _serial(self) -> int:
         return self.shard.serial if self.shard is not None else 0
 
     def _ask(self, make: Callable[[int], object], seconds: float) -> dict[int, int] | None:
+        if self.closing.is_set():
+            return None  # the parent said its last word: it reads no more questions
         ask = next(self._asks)
         with self._answered:
             self._answers[ask] = None
@@ -236,7 +241,7 @@ class _ChildHooks(ShardHooks):
         points = self._ask(
             lambda ask: Revoked(partitions, serial, lost=False, ask=ask), REVOKE_ANSWER_SECONDS
         )
-        if points is None:
+        if points is None and not self.closing.is_set():
             log.warning(
                 "shard %d: the parent did not say what to commit of revoked partitions %s "
                 "within %.0fs; committing its last commit request",
@@ -388,6 +393,7 @@ def _child_main(
             try:
                 command = ctrl_conn.recv()
             except (EOFError, OSError):
+                hooks.closing.set()
                 stop.set()
                 return
             match command:
@@ -399,6 +405,7 @@ def _child_main(
                 case Answer(ask, offsets):
                     hooks.answer(ask, offsets)
                 case Close():
+                    hooks.closing.set()
                     stop.set()
                     return
 
@@ -433,6 +440,7 @@ def _child_main(
         pass
     finally:
         stop.set()
+        hooks.closing.set()  # the command thread is gone: no answer would come
         shard.close()
         ring.close()
         with contextlib.suppress(OSError):

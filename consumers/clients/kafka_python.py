@@ -342,8 +342,16 @@ class _Listener(AsyncConsumerRebalanceListener):
         self.detached = False
 
     async def on_partitions_revoked(self, revoked: Any) -> None:
-        if not self.detached:
+        if self.detached:
+            return
+        client = self._client
+        client.revoke_commits = []
+        try:
             self._listener.revoked([tp.partition for tp in revoked], lost=False)
+        finally:
+            sent, client.revoke_commits = client.revoke_commits, None
+        for future in sent:  # answered before the partitions move on (the shard logs failures)
+            await internals.await_commit(client.consumer, future, _COMMITTED_TIMEOUT_MS)
 
     async def on_partitions_lost(self, lost: Any) -> None:
         if not self.detached:
@@ -391,6 +399,8 @@ class KafkaPythonClient:
     def __init__(self, consumer: Any, settings: ConsumerSettings, shard_index: int) -> None:
         self.consumer = consumer
         self.settings = settings
+        #: Commits sent from within a revocation (the listener awaits them), else None.
+        self.revoke_commits: list[Any] | None = None
         self.shard_index = shard_index
         self.topic = settings.topic
         self._listener: _Listener | None = None
@@ -591,7 +601,9 @@ class KafkaPythonClient:
         def done(_offsets: Any, response: Any) -> None:
             callback(offsets, response if isinstance(response, BaseException) else None)
 
-        self.consumer.commit_async(payload, callback=done)
+        future = self.consumer.commit_async(payload, callback=done)
+        if self.revoke_commits is not None:
+            self.revoke_commits.append(future)
 
     # ---- the topic ---------------------------------------------------------------------------
 

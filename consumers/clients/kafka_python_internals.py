@@ -32,6 +32,7 @@ from consumers.clients.base import RefusedBatch, UnreadableBatchError
 __all__ = [
     "AUTH_ERRORS",
     "FailureWatch",
+    "await_commit",
     "await_join",
     "bounded_inflation",
     "cached_partitions",
@@ -560,3 +561,14 @@ async def committed_async(consumer: Any, tps: list[Any], timeout_ms: int) -> dic
         tps, timeout_ms=timeout_ms
     )
     return found
+
+
+async def await_commit(consumer: Any, future: Any, timeout_ms: int) -> None:
+    """Wait, within a rebalance listener, for a commit sent from it to be answered.
+
+    A commit sent by ``commit_async`` in a cooperative revocation otherwise races the rejoin
+    kafka-python requests right after the listener, and fails with RebalanceInProgress:
+    the partition then moves on without it. Failures are the commit callback's to report.
+    """
+    with contextlib.suppress(Exception):
+        await consumer._coordinator._manager.wait_for(future, timeout_ms)
