@@ -899,7 +899,7 @@ def _cmd_reset_group(args: argparse.Namespace) -> int:
     reset_group(bootstrap, args.group, args.topic, new, security=security)
     print(
         f"committed: group {args.group!r} resumes {args.topic} at NEW (a worker with "
-        "--checkpoint-dir resumes from its checkpoint instead: move it with --start-from)"
+        "--checkpoint-dir too: an operator's rewind wins over its checkpoint, and it says so)"
     )
     return 0
 
