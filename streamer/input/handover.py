@@ -76,6 +76,13 @@ class HandOver:
 
     # ---- the filter (graph, the dataset's last map) ------------------------------------------
 
+    def attach(self, ds: tf.data.Dataset) -> tf.data.Dataset:
+        """``ds`` with the filter as its last stage: after every buffer, so a batch passes it
+        only as the trainer takes it (no prefetch may be injected after it)."""
+        options = tf.data.Options()
+        options.experimental_optimization.inject_prefetch = False
+        return ds.map(self.filter).with_options(options)
+
     def filter(self, batch: dict[str, Any]) -> dict[str, Any]:
         """``batch`` without its ``EPOCH`` column and the rows that must not be trained."""
         batch = dict(batch)

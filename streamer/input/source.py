@@ -258,15 +258,10 @@ class StreamSource:
         ds = ds.rebatch(self.settings.batch_size, drop_remainder=self.settings.drop_remainder)
         prefetch = self.settings.prefetch_batches
         ds = ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)
-        # The hand-over point: the last stage, after every buffer, so a batch passes it only as
-        # the trainer takes it (no prefetch may be injected after it).
         handover = self.router.handover
         if handover is None:
             handover = self.router.handover = HandOver(ordered=ordered)
-        ds = ds.map(handover.filter)
-        options = tf.data.Options()
-        options.experimental_optimization.inject_prefetch = False
-        return ds.with_options(options)
+        return handover.attach(ds)  # the hand-over point: the last stage
 
     def flat_blocks(self) -> tf.data.Dataset:
         """Decoded blocks, not batched: each element is the decode's flat outputs (every
