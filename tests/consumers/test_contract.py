@@ -21,6 +21,7 @@ from kafka import KafkaProducer
 
 from consumers import ConsumerSettings, JoinBarrier, ShardHooks, ShardLike, open_shard
 from consumers.block import RecordBlock
+from consumers.clients.base import GroupCommit
 from tests.workerutil import committed_offsets, end_offsets
 
 pytestmark = pytest.mark.kafka
@@ -41,11 +42,20 @@ class Recorder(ShardHooks):
         self.assigned: list[list[int]] = []
         self.paused: list[int] = []
         self.commits: list[dict[int, int]] = []
+        #: The group's commits the shard read in its assignment callbacks.
+        self.group_commits: dict[int, GroupCommit] = {}
         self._lock = threading.Lock()
 
-    def on_assigned(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
+    def on_assigned(
+        self,
+        shard_index: int,
+        partitions: list[int],
+        group: dict[int, GroupCommit] | None = None,
+    ) -> dict[int, int]:
         with self._lock:
             self.assigned.append(sorted(partitions))
+            if group is not None:
+                self.group_commits.update(group)
         return {p: o for p, o in self.restore.items() if p in partitions}
 
     def on_paused(self, shard_index: int, paused: int) -> None:
@@ -291,3 +301,32 @@ def test_a_poll_hands_over_what_came_without_waiting_for_a_full_block(
     waited = time.monotonic() - sent
     assert sorted(seen) == [(0, 3), (0, 4)]
     assert waited < 2.5, f"2 records took {waited:.1f}s: held until the 5 s poll timeout"
+
+
+@pytest.mark.parametrize(("client", "runtime"), KINDS)
+def test_an_assignment_reads_the_groups_commits_and_who_made_them(
+    client: str,
+    runtime: str,
+    kafka_bootstrap: str,
+    make_topic: Callable[..., str],
+    group_id: str,
+    started: Callable[..., ShardLike],
+) -> None:
+    """The start rule's input (streamer.input.starts): inside the assignment, before any
+    record of the partition is fetched, the owner gets the group's commits and their
+    metadata; a shard's own commits say they are a worker's."""
+    topic = make_topic(2)
+    produce(kafka_bootstrap, topic, 20, 2)
+    cs = settings(kafka_bootstrap, topic, client, runtime, group=group_id, mode="group")
+    first = started(cs, 0, 1, hooks=Recorder())
+    drain([first], lambda s: len(s) >= 40)
+    first.commit({0: 7, 1: 9})
+    first.close()
+    hooks = Recorder()
+    second = started(cs, 0, 1, hooks=hooks)
+    want = {(p, o) for p in range(2) for o in range({0: 7, 1: 9}[p], 20)}
+    seen, _ = drain([second], lambda s: s.keys() >= want)
+    assert set(seen) == want  # it started at the commits
+    meta = cs.commit_metadata_text
+    assert meta.startswith("streamer-worker ")
+    assert hooks.group_commits == {0: GroupCommit(7, meta), 1: GroupCommit(9, meta)}
