@@ -169,8 +169,12 @@ class _ChildHooks(ShardHooks):
     start, what to commit) are asked of the parent, which holds the offset tracker and the
     start rule, and answered locally only if it does not answer in time."""
 
-    def __init__(self, send: Any, restore: dict[int, int]) -> None:
+    def __init__(self, send: Any, restore: dict[int, int], session_ms: int = 45_000) -> None:
         self._send = send
+        #: How long a revocation waits for the parent: the callback holds the client (its
+        #: heartbeats too, with kafka-python), so half the session at most.
+        self._revoke_seconds = min(REVOKE_ANSWER_SECONDS, session_ms / 2000)
+        self._assign_seconds = min(ASSIGN_ANSWER_SECONDS, session_ms / 2000)
         self._restore = dict(restore)
         self.shard: Shard | None = None
         #: The parent's last commit request per partition: at or below its commit point.
@@ -220,7 +224,7 @@ class _ChildHooks(ShardHooks):
             self.points.pop(p, None)
         serial = self._serial()
         starts = self._ask(
-            lambda ask: Assigned(partitions, serial, group, ask), ASSIGN_ANSWER_SECONDS
+            lambda ask: Assigned(partitions, serial, group, ask), self._assign_seconds
         )
         if starts is None:
             log.warning(
@@ -228,7 +232,7 @@ class _ChildHooks(ShardHooks):
                 "starting from what this shard was given",
                 shard_index,
                 sorted(partitions),
-                ASSIGN_ANSWER_SECONDS,
+                self._assign_seconds,
             )
             return {p: self._restore.pop(p) for p in partitions if p in self._restore}
         return starts
@@ -239,7 +243,7 @@ class _ChildHooks(ShardHooks):
         commit request that came first); ``on_revoked`` then returns the answer."""
         serial = self._serial() + 1  # the serial the revocation takes (Shard._on_revoked)
         points = self._ask(
-            lambda ask: Revoked(partitions, serial, lost=False, ask=ask), REVOKE_ANSWER_SECONDS
+            lambda ask: Revoked(partitions, serial, lost=False, ask=ask), self._revoke_seconds
         )
         if points is None and not self.closing.is_set():
             log.warning(
@@ -247,7 +251,7 @@ class _ChildHooks(ShardHooks):
                 "within %.0fs; committing its last commit request",
                 shard_index,
                 sorted(partitions),
-                REVOKE_ANSWER_SECONDS,
+                self._revoke_seconds,
             )
         self._revoke_answer = points
 
@@ -382,7 +386,7 @@ def _child_main(
         with contextlib.suppress(OSError, ValueError):
             send(event)
 
-    hooks = _ChildHooks(tell, restore)
+    hooks = _ChildHooks(tell, restore, settings.session_timeout_ms)
     barrier = _RemoteBarrier(send) if use_barrier else None
     shard = Shard(settings, shard_index, num_shards, hooks=hooks, barrier=barrier)
     hooks.shard = shard

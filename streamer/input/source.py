@@ -260,7 +260,11 @@ class StreamSource:
         ds = ds.prefetch(tf.data.AUTOTUNE if prefetch < 0 else prefetch)
         handover = self.router.handover
         if handover is None:
-            handover = self.router.handover = HandOver(ordered=ordered)
+            # A revocation's wait holds the client's rebalance callback (kafka-python: its IO
+            # thread, heartbeats included): a third of the session at most.
+            session = self.consumer.session_timeout_ms / 1000 if self.consumer else 45.0
+            handover = HandOver(ordered=ordered, wait_seconds=min(5.0, session / 3))
+            self.router.handover = handover
         return handover.attach(ds)  # the hand-over point: the last stage
 
     def flat_blocks(self) -> tf.data.Dataset:
