@@ -11,6 +11,7 @@ logs (every trained record), their exit codes and the group's committed offsets:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -89,14 +90,18 @@ def test_a_deploy_sequence_trains_every_record_exactly_once(
         a.wait_for(lambda: a.samples_trained() >= 3000, START_S, "worker a training")
         b = WorkerProcess.start(args("b"), tmp_path / "worker-b.log")  # scale out
         b.wait_for(lambda: b.samples_trained() >= 3000, START_S, "worker b training")
-        a.terminate()  # a rolling deploy restarts a
+        t0 = time.monotonic()
+        a.terminate()  # a rolling deploy restarts a (b, another member, runs on)
         assert a.wait(40) == 0, _tails(a, b)
+        stops = [time.monotonic() - t0]
         trained_b = b.samples_trained()
         b.wait_for(lambda: b.samples_trained() >= trained_b + 2000, 60, "b training alone")
         a2 = WorkerProcess.start(args("a"), tmp_path / "worker-a2.log")
         a2.wait_for(lambda: a2.samples_trained() >= 2000, START_S, "worker a training again")
-        b.terminate()  # scale in
+        t0 = time.monotonic()
+        b.terminate()  # scale in (a, another member, runs on)
         assert b.wait(40) == 0, _tails(a, b, a2)
+        stops.append(time.monotonic() - t0)
         trained = a2.samples_trained()
         a2.wait_for(lambda: a2.samples_trained() >= trained + 3000, 60, "a training alone")
     finally:
@@ -121,7 +126,8 @@ def test_a_deploy_sequence_trains_every_record_exactly_once(
     across = len(counts["a"].keys() & counts["b"].keys())
     print(
         f"deploy sequence ({client}): {sent} records; trained twice {len(twice)} "
-        f"(within a {within['a']}, within b {within['b']}, by both {across})"
+        f"(within a {within['a']}, within b {within['b']}, by both {across}); SIGTERM to "
+        f"exit 0 in {stops[0]:.1f}s and {stops[1]:.1f}s"
     )
     assert not twice, f"{len(twice)} records trained twice: {summarize(twice)}\n{logs}"
     assert committed_offsets(kafka_bootstrap, group_id, topic) == ends, logs
