@@ -603,11 +603,6 @@ class Shard:
             # rewinds of other partitions wait: a cooperative rebalance assigns in steps, and
             # an assignment of nothing is common.
             rewind = {p: self._rewind.pop(p) for p in partitions if p in self._rewind}
-        if group is not None:
-            committed = {p: c.offset for p, c in group.items()}
-            self._book.set_committed(committed)
-            if committed:
-                self.hooks.on_group_committed(self.shard_index, committed)
         # A static assignment is the configuration itself (evaluation, replay, --partitions).
         log.log(
             logging.INFO if self.settings.mode == "group" else logging.DEBUG,
@@ -621,6 +616,11 @@ class Shard:
             # Fetching starts inside this very poll(): hold it until all shards have joined.
             client.pause(partitions)
         starts = self.hooks.on_assigned(self.shard_index, partitions, group)
+        if group is not None:  # after the owner knows the partitions (its lag starts there)
+            committed = {p: c.offset for p, c in group.items()}
+            self._book.set_committed(committed)
+            if committed:
+                self.hooks.on_group_committed(self.shard_index, committed)
         seeks: dict[int, int] = {}
         for p, off in rewind.items():
             if p not in starts:
