@@ -273,7 +273,8 @@ def test_replay_beside_a_live_worker_with_its_config_touches_nothing_of_it(
     log = out.stderr
     assert "replay range is trained" in log
     assert f"restored {tmp_path / 'live-ckpt'}" in log  # it started from the live model
-    assert "(replay --from " in log and "(checkpoint)" not in log  # the seeks' real reason
+    assert f"of {topic} starts at 100: replay --from " in log  # the start's real reason
+    assert "this worker's position" not in log  # not the checkpoint's offsets
     assert "not using the live worker's metrics_port, group from the config file" in log, log
     # Nothing of the live worker moved: its group's commits, checkpoints, exports, audit log.
     assert after == before
