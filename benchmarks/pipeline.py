@@ -784,6 +784,7 @@ def soak(
             records += int(batch["offset"].shape[0])
             source.tracker.ack(batch["partition"].numpy(), batch["offset"].numpy())
         source.end_pass()
+        source.router.forget_positions()  # the next pass reads the topic again, from its start
         passes += 1
         now = time.monotonic()
         if base_t is None and now - t0 >= warmup:

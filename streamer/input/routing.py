@@ -101,6 +101,14 @@ class ShardRouter(ShardHooks):
         with self._lock:
             return {**self._mine, **self.tracker.commit_points(), **self._forced}
 
+    def forget_positions(self) -> None:
+        """Forget this source's position in every partition (and the tracker's state of them):
+        the next assignment starts where the group or ``auto_offset_reset`` says. For a reader
+        that reads the same records again on purpose (the benchmark's memory soak)."""
+        with self._lock:
+            self._mine.clear()
+            self.tracker.revoke(list(self.tracker.commit_points()))
+
     def epochs_of(self, partitions: list[int]) -> dict[int, int]:
         """The current assignment epoch of each of these partitions (0: never assigned)."""
         with self._lock:
