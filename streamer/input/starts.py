@@ -16,8 +16,6 @@ a replay's ``--from``). The rule:
   Kafka's ``kafka-consumer-groups --reset-offsets``): an operator rewound the group.
 
 >>> from consumers.clients.base import GroupCommit
-from consumers.settings import WORKER_COMMIT
-from consumers.settings import WORKER_COMMIT, worker_commit_metadata
 >>> choose_start(mine=100, group=GroupCommit(250, "streamer-worker b")).offset
 250
 >>> choose_start(mine=100, group=GroupCommit(40, "streamer-worker a")).offset
