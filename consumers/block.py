@@ -61,9 +61,9 @@ class RecordBlock:
     #: What the owner's ``prepare`` made of the values in the shard's process (``Prepared``);
     #: then ``values`` holds only the rows it still needs (the others are ``b""``).
     prepared: Any = None
-    #: The owner's tag of each partition's assignment when it claimed the block (its
+    #: The owner's table of its partitions' assignments when it claimed the block (its
     #: hand-over filter drops rows of an assignment that ended: streamer.input.handover).
-    epochs: dict[int, int] | None = None
+    epochs: Any = None
 
     @classmethod
     def from_columns(

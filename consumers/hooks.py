@@ -19,7 +19,8 @@ Claim = Callable[[RecordBlock], RecordBlock]
 class ShardHooks:
     """Callbacks a shard makes into its owner. Every method is optional (no-op by default).
 
-    Rebalance callbacks may run on a Kafka client's IO thread: they must not block.
+    Rebalance callbacks may run on a Kafka client's IO thread: they must not block, but for
+    ``on_revoking``, which waits (bounded) for what the owner took of the partitions.
     """
 
     def on_assigned(

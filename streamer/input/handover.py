@@ -24,12 +24,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["EPOCH", "HandOver", "row_epochs"]
+__all__ = ["EPOCH", "EpochTable", "HandOver"]
 
 log = logging.getLogger("streamer.handover")
 
@@ -41,22 +42,35 @@ EPOCH = "_epoch"
 _ENDED = -1
 
 
-def row_epochs(epochs: dict[int, int] | None, partition: np.ndarray) -> np.ndarray:
-    """Each row's epoch from its block's per-partition epochs (0: never tagged).
+@dataclass(frozen=True, slots=True)
+class EpochTable:
+    """Every partition's current assignment epoch, as sorted arrays. Immutable: an assignment
+    makes a new table (``updated``), so a claim takes the current one by reference, without
+    a lock or a look at the block's partitions, and its rows are looked up at decode.
 
-    >>> row_epochs({3: 2, 5: 7}, np.array([3, 5, 3], np.int32)).tolist()
-    [2, 7, 2]
+    >>> t = EpochTable().updated({3: 2, 5: 7})
+    >>> t.rows(np.array([3, 5, 3, 9], np.int32)).tolist()
+    [2, 7, 2, 0]
     """
-    n = len(partition)
-    if not epochs or not n:
-        return np.zeros(n, np.int64)
-    if len(epochs) == 1:
-        return np.full(n, next(iter(epochs.values())), np.int64)
-    keys = np.fromiter(epochs.keys(), np.int64, len(epochs))
-    values = np.fromiter(epochs.values(), np.int64, len(epochs))
-    order = np.argsort(keys)
-    pos = np.searchsorted(keys[order], partition)
-    return values[order][np.minimum(pos, len(keys) - 1)]
+
+    keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    values: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+
+    def updated(self, epochs: dict[int, int]) -> EpochTable:
+        merged = dict(zip(self.keys.tolist(), self.values.tolist(), strict=True))
+        merged.update(epochs)
+        keys = np.array(sorted(merged), np.int64)
+        return EpochTable(keys, np.array([merged[k] for k in keys.tolist()], np.int64))
+
+    def get(self, partition: int) -> int:
+        return int(self.rows(np.array([partition]))[0])
+
+    def rows(self, partition: np.ndarray) -> np.ndarray:
+        """Each row's epoch by its partition (0: a partition never assigned)."""
+        if not self.keys.size or not len(partition):
+            return np.zeros(len(partition), np.int64)
+        pos = np.minimum(np.searchsorted(self.keys, partition), self.keys.size - 1)
+        return np.where(self.keys[pos] == partition, self.values[pos], 0)
 
 
 class HandOver:

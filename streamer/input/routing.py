@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from consumers import ShardHooks, ShardLike
 from consumers.clients.base import GroupCommit
 from consumers.types import KafkaErrorType
+from streamer.input.handover import EpochTable
 from streamer.input.offsets import OffsetTracker
 from streamer.input.starts import choose_start
 
@@ -62,9 +63,9 @@ class ShardRouter(ShardHooks):
         self._forced: dict[int, int] = {} if own else dict(restore or {})
         self._reasons: dict[int, str] = dict.fromkeys(self._forced, restore_reason)
         self.handover: HandOver | None = None
-        #: Per partition, the epoch of its latest assignment to this source (blocks claimed
-        #: carry it: streamer.input.handover drops rows of an ended one).
-        self._epochs: dict[int, int] = {}
+        #: Per partition, the epoch of its latest assignment to this source: a claimed block
+        #: carries the table of its claim (streamer.input.handover drops rows of an ended one).
+        self.epochs = EpochTable()
         self.topic_missing = False
 
     # ---- the shards --------------------------------------------------------------------------
@@ -109,15 +110,11 @@ class ShardRouter(ShardHooks):
             self._mine.clear()
             self.tracker.revoke(list(self.tracker.commit_points()))
 
-    def epochs_of(self, partitions: list[int]) -> dict[int, int]:
-        """The current assignment epoch of each of these partitions (0: never assigned)."""
-        with self._lock:
-            return {p: self._epochs.get(p, 0) for p in partitions}
-
-    def mine(self, partition: int) -> int | None:
+    def mine(self, partition: int, points: dict[int, int] | None = None) -> int | None:
         """This source's position in ``partition``: the tracker's point while it holds
-        records of it, else what it trained and committed before."""
-        point = self.tracker.commit_points().get(partition)
+        records of it (``points``: the tracker's points, when the caller has them), else what
+        it trained and committed before."""
+        point = (self.tracker.commit_points() if points is None else points).get(partition)
         return point if point is not None else self._mine.get(partition)
 
     def assigned_count(self) -> int:
@@ -151,6 +148,7 @@ class ShardRouter(ShardHooks):
         found = group or {}
         seeks: dict[int, int] = {}
         epochs: dict[int, int] = {}
+        points = self.tracker.commit_points()
         with self._lock:
             self._owner.update(dict.fromkeys(partitions, shard_index))
             if partitions:
@@ -158,9 +156,9 @@ class ShardRouter(ShardHooks):
             for p in partitions:
                 forced = (self._forced[p], self._reasons[p]) if p in self._forced else None
                 start = choose_start(
-                    mine=self.mine(p), group=found.get(p), group_known=known, forced=forced
+                    mine=self.mine(p, points), group=found.get(p), group_known=known, forced=forced
                 )
-                epochs[p] = self._epochs[p] = self._epochs.get(p, 0) + 1
+                epochs[p] = self.epochs.get(p) + 1
                 if start.offset is not None:
                     seeks[p] = start.offset
                 log.log(
@@ -171,6 +169,7 @@ class ShardRouter(ShardHooks):
                     "the client's position" if start.offset is None else start.offset,
                     start.why,
                 )
+            self.epochs = self.epochs.updated(epochs)
         if self.handover is not None:
             self.handover.assign(epochs)
         if self.metrics is not None:

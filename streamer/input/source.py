@@ -25,7 +25,7 @@ from streamer.decode.ragged import Column, concat_rows, num_rows
 from streamer.decode.records import DecodedBlock, decode_block, explain_reject, prepare_block
 from streamer.decode.schema import Schema
 from streamer.input.breaker import RejectBreaker
-from streamer.input.handover import EPOCH, HandOver, row_epochs
+from streamer.input.handover import EPOCH, HandOver
 from streamer.input.offsets import OffsetTracker
 from streamer.input.passes import PassRules
 from streamer.input.pipeline import PipelineSettings
@@ -379,8 +379,8 @@ class StreamSource:
         self.tracker.register(block.partition, block.offset)
         if block.ends:
             self.tracker.extend(block.ends)
-        if self._with_epochs and len(block):
-            block = dataclasses.replace(block, epochs=self.router.epochs_of(block.partitions()))
+        if self._with_epochs and len(block):  # the table as of this claim (immutable)
+            block = dataclasses.replace(block, epochs=self.router.epochs)
         with self._lock:
             self.records_emitted += len(block)
         return block
@@ -452,7 +452,9 @@ class StreamSource:
         if len(kept) != len(values):
             partition, offset, ts = partition[kept], offset[kept], ts[kept]
         if self._with_epochs:
-            return [*out, partition, offset, ts, row_epochs(block.epochs, partition)]
+            epochs = block.epochs
+            rows = epochs.rows(partition) if epochs is not None else np.zeros(len(ts), np.int64)
+            return [*out, partition, offset, ts, rows]
         return [*out, partition, offset, ts]
 
     def _trip(self) -> None:
