@@ -201,12 +201,19 @@ class _ChildHooks(ShardHooks):
         self._send(make(ask))
         deadline = time.monotonic() + seconds
         with self._answered:
-            while self._answers.get(ask) is None:
+            while self._answers.get(ask) is None and not self.closing.is_set():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
                 self._answered.wait(left)
             return self._answers.pop(ask, None)
+
+    def close_asks(self) -> None:
+        """The parent closes this shard (or is gone): a question waiting for its answer gives
+        up now, not at its timeout (the close would otherwise wait that long)."""
+        with self._answered:
+            self.closing.set()
+            self._answered.notify_all()
 
     def answer(self, ask: int, offsets: dict[int, int]) -> None:
         with self._answered:
@@ -397,7 +404,7 @@ def _child_main(
             try:
                 command = ctrl_conn.recv()
             except (EOFError, OSError):
-                hooks.closing.set()
+                hooks.close_asks()
                 stop.set()
                 return
             match command:
@@ -409,7 +416,7 @@ def _child_main(
                 case Answer(ask, offsets):
                     hooks.answer(ask, offsets)
                 case Close():
-                    hooks.closing.set()
+                    hooks.close_asks()
                     stop.set()
                     return
 
@@ -444,7 +451,7 @@ def _child_main(
         pass
     finally:
         stop.set()
-        hooks.closing.set()  # the command thread is gone: no answer would come
+        hooks.close_asks()  # the command thread is gone: no answer would come
         shard.close()
         ring.close()
         with contextlib.suppress(OSError):
@@ -805,12 +812,15 @@ class ProcessShard:
             # timeout is not waited for a second time.
             self._proc.join(timeout if closed else 1.0)
             if self._proc.is_alive():
+                # SIGKILL: the child ignores SIGTERM (the parent's to act on), so a terminate()
+                # would only wait.
                 log.warning(
-                    "shard %d: child did not stop in %.0fs; terminating it",
+                    "shard %d: child did not stop in %.0fs; killing it (its last commit may "
+                    "not have been sent: without a checkpoint, those records are trained again)",
                     self.shard_index,
                     timeout,
                 )
-                self._proc.terminate()
+                self._proc.kill()
                 self._proc.join(5)
         for conn in (self._data, self._ctrl):
             conn.close()

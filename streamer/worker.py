@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import math
 import threading
@@ -24,7 +23,7 @@ from streamer.decode.schema import Schema
 from streamer.input.offsets import OffsetTracker
 from streamer.input.probe import BrokerProbe
 from streamer.input.simulator import RandomRecords, SimulatedShard, Task, task_named
-from streamer.input.source import METADATA_COLUMNS, StreamSource, StreamStart
+from streamer.input.source import METADATA_COLUMNS, StreamSource, StreamStart, delete_iterator
 from streamer.input.stream_position import StreamPosition
 from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
@@ -485,8 +484,10 @@ class Worker(Lifecycle):
                     self._settle(in_flight)
                 except Exception as exc:  # the error that ended the pass is the one raised
                     log.warning("the last step of a failed pass: %s", exc)
+            source.training_over()
+            box = [iterator]
             del iterator
-            gc.collect()
+            delete_iterator(box)
             self._end_pass()
         if drain_until is not None and not exhausted:
             log.warning(

@@ -23,6 +23,8 @@ _CHECKPOINT = re.compile(r"checkpoint \S+ at step (\d+)")
 _RESTORED = re.compile(r"restored \S+: step (\d+), offsets (\{[^}]*\})")
 _STARTING = re.compile(r"worker \S+ starting at step (\d+)")
 _STOPPED = re.compile(r"stopped \((.*)\) at step (\d+)")
+_HUNG = re.compile(r"^.*clean shutdown did not finish", re.M)
+_ERROR = re.compile(r"^\S+ \S+ ERROR ", re.M)
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,17 @@ class WorkerProcess:
             return ""
 
     def tail(self, chars: int = 4000) -> str:
-        return f"--- {self.log_path} (last {chars} chars) ---\n{self.log()[-chars:]}"
+        """The log's last ``chars``; before them, where a stop hung (the watchdog's thread dump)
+        or else the first ERROR line, when those are earlier: the cause, not just its echo."""
+        text = self.log()
+        cause = _HUNG.search(text) or _ERROR.search(text)
+        head = ""
+        if cause is not None and cause.start() < len(text) - chars:
+            head = (
+                f"--- {self.log_path} (from char {cause.start()}) ---\n"
+                f"{text[cause.start() : cause.start() + 8000]}\n"
+            )
+        return f"{head}--- {self.log_path} (last {chars} chars) ---\n{text[-chars:]}"
 
     def wait(self, timeout: float) -> int:
         """Exit code; kills the process and fails (with the log tail) if it outlives ``timeout``."""

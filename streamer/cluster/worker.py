@@ -18,7 +18,6 @@ fails (a peer died) ends the process at once with an error naming the lost worke
 from __future__ import annotations
 
 import dataclasses
-import gc
 import logging
 import os
 import queue
@@ -48,7 +47,7 @@ from streamer.committer import CommitSchedule, Committer
 from streamer.decode.columns import flat_outputs, to_batch
 from streamer.decode.ragged import Column, RaggedColumn
 from streamer.input.offsets import OffsetTracker
-from streamer.input.source import StreamSource
+from streamer.input.source import StreamSource, delete_iterator
 from streamer.input.stream_position import StreamPosition
 from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
@@ -323,8 +322,9 @@ class DistributedWorker(Lifecycle):
         except BaseException as exc:
             self._put(exc)
         finally:
+            box = [iterator]
             del iterator
-            gc.collect()
+            delete_iterator(box)
 
     def _put(self, item: Any) -> None:
         while not self._reader_stop.is_set():
@@ -587,6 +587,8 @@ class DistributedWorker(Lifecycle):
         """A lost peer: the input pipeline may never stop cleanly now (TensorFlow aborted its
         collectives); keep what is written, close the consumers for a moment at most."""
         self._stopping.set()
+        if self.source is not None:
+            self.source.training_over()
         self._reader_stop.set()
         self._reader = None  # not joined
         if self.audit is not None:
@@ -601,6 +603,8 @@ class DistributedWorker(Lifecycle):
 
     def _close_input(self) -> None:
         """Stop the input reader and close the consumers (their commits are sent first)."""
+        if self.source is not None:
+            self.source.training_over()
         self._reader_stop.set()
         source, self.source = self.source, None
         if source is not None:

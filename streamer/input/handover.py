@@ -79,6 +79,9 @@ class HandOver:
     def __init__(self, *, ordered: bool, wait_seconds: float = 5.0) -> None:
         self.ordered = ordered
         self.wait_seconds = wait_seconds
+        #: False once the trainer has left the pass (a stop, the pass's end): nothing handed
+        #: is trained any more, so a revocation then does not wait for it.
+        self.training = True
         with tf.init_scope():
             zeros = tf.zeros([CAPACITY], tf.int64)
             #: Per partition, the epoch whose rows may be trained (-1: none, revoked).
@@ -149,7 +152,7 @@ class HandOver:
         record of them handed to training is trained. ``done(p)``: the tracker's commit point
         of ``p`` (None: nothing registered)."""
         self.block(partitions)
-        if not self.ordered:
+        if not self.ordered or not self.training:
             return
         parts = [p for p in partitions if 0 <= p < CAPACITY]
         deadline = time.monotonic() + self.wait_seconds
@@ -163,7 +166,7 @@ class HandOver:
                 point = done(p)
                 if h >= 0 and point is not None and point <= h:
                     left[p] = h - point + 1
-            if not left or time.monotonic() >= deadline:
+            if not left or time.monotonic() >= deadline or not self.training:
                 break
             parts = list(left)
             time.sleep(0.002)

@@ -296,6 +296,16 @@ class StreamSource:
         """
         with self._lock:
             self._begin_pass_locked()
+        if self.router.handover is not None:
+            self.router.handover.training = True
+
+    def training_over(self) -> None:
+        """The trainer left the pass (its iterator is deleted next): a revocation that comes
+        now (a shard leaving the group as the pass closes makes its siblings rebalance) does
+        not wait for records that will never be trained, and the pass's close is not held up
+        by it."""
+        if self.router.handover is not None:
+            self.router.handover.training = False
 
     def _begin_pass_locked(self) -> None:
         self.rules.begin()
@@ -562,6 +572,41 @@ class StreamSource:
         self.stop()
         self.end_pass()
         self.rejects.close()
+
+
+#: How long a pass's end waits for tf.data to tear its pipeline down (milliseconds, as a
+#: rule); past it the pass ends without waiting (see ``delete_iterator``).
+TEARDOWN_SECONDS = 5.0
+
+
+def delete_iterator(box: list[Any], seconds: float = TEARDOWN_SECONDS) -> bool:
+    """Drop the last reference to a pass's tf.data iterator (``box``, its only holder) and
+    collect it, on a helper thread, waiting at most ``seconds``; True if it finished.
+
+    tf.data tears a pipeline down by cancelling its threads and waiting for each: it has
+    waited past a 25 s shutdown bound with no Python frame in flight (a SIGTERM as another
+    group member rebalanced, 2 stops in 30). A stop must keep its bound and a pass's end must
+    not stall training, so the wait is bounded: the teardown goes on behind (its generators
+    close their shards, already closed by the pass's end) and the pass ends without it.
+    """
+    import gc
+
+    done = threading.Event()
+
+    def teardown() -> None:
+        box.clear()
+        gc.collect()
+        done.set()
+
+    threading.Thread(target=teardown, name="streamer-pipeline-teardown", daemon=True).start()
+    if done.wait(seconds):
+        return True
+    log.warning(
+        "tf.data did not tear the pass's input pipeline down within %.0fs; going on without "
+        "it (its shards are closed all the same)",
+        seconds,
+    )
+    return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,7 +31,7 @@ from consumers.errors import TopicNotFoundError
 from consumers.settings import ConsumerSettings
 from streamer.decode.schema import Schema
 from streamer.input.pipeline import PipelineSettings
-from streamer.input.source import METADATA_COLUMNS, StreamSource
+from streamer.input.source import METADATA_COLUMNS, StreamSource, delete_iterator
 from streamer.train.trainer import Trainer
 
 __all__ = ["EvalResult", "Evaluator", "eval_consumer_settings"]
@@ -151,7 +151,9 @@ class Evaluator:
                 self.trainer.evaluate(batch)
                 seen += take
         finally:
+            box = [iterator]
             del iterator
+            delete_iterator(box)
             source.end_pass()
         values = self.trainer.metric_values(reset=True)  # training starts a window of its own
         if seen == 0 or (self._stopped and seen < self.records):

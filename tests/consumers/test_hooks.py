@@ -109,3 +109,22 @@ def test_every_shard_takes_the_owners_arguments(shard: object, method: str) -> N
     for name, param in promised.items():
         if param.default is not inspect.Parameter.empty:
             assert actual[name].default is not inspect.Parameter.empty, name
+
+
+def test_a_childs_question_gives_up_when_its_parent_closes_it() -> None:
+    """A child waiting for its parent's answer (a revocation as the pass closes) stops waiting
+    at the parent's Close: its consumer's close is not held for the question's timeout."""
+    import threading
+    import time
+
+    sent: list[object] = []
+    hooks = _ChildHooks(sent.append, {}, session_ms=45_000)
+    threading.Timer(0.2, hooks.close_asks).start()
+    t0 = time.monotonic()
+    hooks.on_revoking(0, [1, 2])
+    assert time.monotonic() - t0 < 3.0  # its bound is 15 s
+    assert len(sent) == 1  # the question went up; no answer came
+    assert hooks.on_revoked(0, [1, 2]) == {}  # nothing requested: nothing to commit
+    t0 = time.monotonic()
+    hooks.on_revoking(0, [3])  # once closing, nothing more is asked
+    assert len(sent) == 1 and time.monotonic() - t0 < 0.5

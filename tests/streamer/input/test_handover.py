@@ -53,3 +53,17 @@ def test_a_revocation_waits_for_the_records_handed_and_drops_the_rest() -> None:
     rest = list(it)
     assert sum(len(b["offset"]) for b in rest) == 0  # nothing more of the partition
     assert h.dropped == 90
+
+
+def test_a_revocation_after_the_trainer_left_does_not_wait() -> None:
+    """The pass is closing (a sibling shard's leave rebalances this one): nothing handed is
+    trained any more, so the revocation blocks the partition and answers at once."""
+    h = HandOver(ordered=True, wait_seconds=5.0)
+    h.assign({0: 1})
+    it = iter(h.attach(_batches([(0, o, 1) for o in range(100)], 10)))
+    next(it)  # offsets 0..9 handed, never trained
+    h.training = False
+    t0 = time.monotonic()
+    h.release([0], lambda p: 0)
+    assert time.monotonic() - t0 < 1.0  # not its 5 s bound
+    assert sum(len(b["offset"]) for b in it) == 0  # blocked all the same

@@ -401,3 +401,36 @@ def test_slow_consumer_pauses_partitions_without_rebalance(
     assert during == 0
     # The queue never holds more than its cap (+1 block in flight from the poll that filled it).
     assert max_queued <= (cs.queue_max_blocks + 1) * cs.max_poll_records
+
+
+def test_a_teardown_that_hangs_does_not_hold_the_pass_end() -> None:
+    """``delete_iterator`` waits for the teardown at most its bound, then goes on; one that
+    finishes in time is waited for (the pass's shards close after it, as before)."""
+    import threading
+    import time
+
+    from streamer.input.source import delete_iterator
+
+    release = threading.Event()
+    gone: list[str] = []
+
+    class Pipeline:
+        def __init__(self, name: str, hang: bool) -> None:
+            self.name, self.hang = name, hang
+
+        def __del__(self) -> None:
+            if self.hang:
+                release.wait(30)
+            gone.append(self.name)
+
+    t0 = time.monotonic()
+    assert delete_iterator([Pipeline("quick", hang=False)], seconds=5.0)
+    assert gone == ["quick"] and time.monotonic() - t0 < 5.0
+    t0 = time.monotonic()
+    assert not delete_iterator([Pipeline("stuck", hang=True)], seconds=0.5)
+    assert 0.4 < time.monotonic() - t0 < 3.0 and gone == ["quick"]
+    release.set()  # the teardown goes on behind and finishes
+    deadline = time.monotonic() + 5
+    while gone != ["quick", "stuck"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gone == ["quick", "stuck"]
