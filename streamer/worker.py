@@ -23,7 +23,7 @@ from streamer.decode.schema import Schema
 from streamer.input.offsets import OffsetTracker
 from streamer.input.probe import BrokerProbe
 from streamer.input.simulator import RandomRecords, SimulatedShard, Task, task_named
-from streamer.input.source import METADATA_COLUMNS, StreamSource, StreamStart, delete_iterator
+from streamer.input.source import METADATA_COLUMNS, StreamSource, StreamStart, end_iterator
 from streamer.input.stream_position import StreamPosition
 from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
@@ -487,7 +487,7 @@ class Worker(Lifecycle):
             source.training_over()
             box = [iterator]
             del iterator
-            delete_iterator(box)
+            end_iterator(box, source.stop)
             self._end_pass()
         if drain_until is not None and not exhausted:
             log.warning(

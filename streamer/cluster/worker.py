@@ -47,7 +47,7 @@ from streamer.committer import CommitSchedule, Committer
 from streamer.decode.columns import flat_outputs, to_batch
 from streamer.decode.ragged import Column, RaggedColumn
 from streamer.input.offsets import OffsetTracker
-from streamer.input.source import StreamSource, delete_iterator
+from streamer.input.source import StreamSource, end_iterator
 from streamer.input.stream_position import StreamPosition
 from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
@@ -324,7 +324,7 @@ class DistributedWorker(Lifecycle):
         finally:
             box = [iterator]
             del iterator
-            delete_iterator(box)
+            end_iterator(box, source.stop)
 
     def _put(self, item: Any) -> None:
         while not self._reader_stop.is_set():

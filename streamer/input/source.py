@@ -574,36 +574,50 @@ class StreamSource:
         self.rejects.close()
 
 
-#: How long a pass's end waits for tf.data to tear its pipeline down (milliseconds, as a
-#: rule); past it the pass ends without waiting (see ``delete_iterator``).
+#: How long a pass's end waits for its tf.data pipeline to run out and be torn down
+#: (milliseconds, as a rule); past it the pass ends without waiting (see ``end_iterator``).
 TEARDOWN_SECONDS = 5.0
 
 
-def delete_iterator(box: list[Any], seconds: float = TEARDOWN_SECONDS) -> bool:
-    """Drop the last reference to a pass's tf.data iterator (``box``, its only holder) and
-    collect it, on a helper thread, waiting at most ``seconds``; True if it finished.
+def end_iterator(
+    box: list[Any], stop: Callable[[], None], seconds: float = TEARDOWN_SECONDS
+) -> bool:
+    """End a pass's tf.data iterator (``box`` holds the only reference): ``stop()`` its
+    generators, read it to its end (the batches left are dropped: never trained, never
+    acknowledged, so read again), then drop it and collect; on a helper thread, waiting at
+    most ``seconds``. True if it finished.
 
-    tf.data tears a pipeline down by cancelling its threads and waiting for each: it has
-    waited past a 25 s shutdown bound with no Python frame in flight (a SIGTERM as another
-    group member rebalanced, 2 stops in 30). A stop must keep its bound and a pass's end must
-    not stall training, so the wait is bounded: the teardown goes on behind (its generators
-    close their shards, already closed by the pass's end) and the pass ends without it.
+    Deleting an iterator whose generators are still open makes tf.data finalize each of them
+    in its destructor, and that teardown has waited past a 25 s shutdown bound with no Python
+    frame in flight (a SIGTERM to a long-running worker beside another group member, 2 stops
+    in 30). Generators that ran out are finalized as they end, by tf.data's own threads, so
+    the deletion has nothing left to wait for. The bound is a backstop: a stop keeps its
+    deadline and a pass's end never stalls training; a teardown past it goes on behind (the
+    pass's shards are closed by the pass's end all the same).
     """
     import gc
 
     done = threading.Event()
 
     def teardown() -> None:
-        box.clear()
-        gc.collect()
-        done.set()
+        iterator = box.pop()
+        try:
+            stop()
+            for _ in iterator:
+                pass
+        except Exception as exc:  # the error that ended the pass was already raised there
+            log.debug("reading a pass's pipeline to its end: %s", exc)
+        finally:
+            del iterator
+            gc.collect()
+            done.set()
 
     threading.Thread(target=teardown, name="streamer-pipeline-teardown", daemon=True).start()
     if done.wait(seconds):
         return True
     log.warning(
-        "tf.data did not tear the pass's input pipeline down within %.0fs; going on without "
-        "it (its shards are closed all the same)",
+        "the pass's input pipeline did not end within %.0fs; going on without it (its shards "
+        "are closed all the same)",
         seconds,
     )
     return False

@@ -31,7 +31,7 @@ from consumers.errors import TopicNotFoundError
 from consumers.settings import ConsumerSettings
 from streamer.decode.schema import Schema
 from streamer.input.pipeline import PipelineSettings
-from streamer.input.source import METADATA_COLUMNS, StreamSource, delete_iterator
+from streamer.input.source import METADATA_COLUMNS, StreamSource, end_iterator
 from streamer.train.trainer import Trainer
 
 __all__ = ["EvalResult", "Evaluator", "eval_consumer_settings"]
@@ -153,7 +153,7 @@ class Evaluator:
         finally:
             box = [iterator]
             del iterator
-            delete_iterator(box)
+            end_iterator(box, source.stop)
             source.end_pass()
         values = self.trainer.metric_values(reset=True)  # training starts a window of its own
         if seen == 0 or (self._stopped and seen < self.records):

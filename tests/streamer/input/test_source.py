@@ -403,34 +403,47 @@ def test_slow_consumer_pauses_partitions_without_rebalance(
     assert max_queued <= (cs.queue_max_blocks + 1) * cs.max_poll_records
 
 
-def test_a_teardown_that_hangs_does_not_hold_the_pass_end() -> None:
-    """``delete_iterator`` waits for the teardown at most its bound, then goes on; one that
-    finishes in time is waited for (the pass's shards close after it, as before)."""
+def test_a_pass_end_reads_its_pipeline_out_and_never_waits_past_its_bound() -> None:
+    """``end_iterator`` stops the generators, reads what is left (dropped), deletes the
+    iterator, and waits for that at most its bound; one that ends in time is waited for."""
     import threading
     import time
 
-    from streamer.input.source import delete_iterator
+    from streamer.input.source import end_iterator
 
     release = threading.Event()
     gone: list[str] = []
 
     class Pipeline:
+        """An iterator of 3 batches; ``hang``: its last one does not come until released."""
+
         def __init__(self, name: str, hang: bool) -> None:
-            self.name, self.hang = name, hang
+            self.name, self.hang, self.left = name, hang, 3
+
+        def __iter__(self) -> Pipeline:
+            return self
+
+        def __next__(self) -> int:
+            if self.left == 0:
+                raise StopIteration
+            if self.hang and self.left == 1:
+                release.wait(30)
+            self.left -= 1
+            return self.left
 
         def __del__(self) -> None:
-            if self.hang:
-                release.wait(30)
-            gone.append(self.name)
+            gone.append(f"{self.name}:{self.left}")
 
+    stops: list[int] = []
     t0 = time.monotonic()
-    assert delete_iterator([Pipeline("quick", hang=False)], seconds=5.0)
-    assert gone == ["quick"] and time.monotonic() - t0 < 5.0
+    assert end_iterator([Pipeline("quick", hang=False)], lambda: stops.append(1), seconds=5.0)
+    assert gone == ["quick:0"] and stops == [1]  # stopped first, read to its end, deleted
+    assert time.monotonic() - t0 < 5.0
     t0 = time.monotonic()
-    assert not delete_iterator([Pipeline("stuck", hang=True)], seconds=0.5)
-    assert 0.4 < time.monotonic() - t0 < 3.0 and gone == ["quick"]
+    assert not end_iterator([Pipeline("stuck", hang=True)], lambda: stops.append(2), seconds=0.5)
+    assert 0.4 < time.monotonic() - t0 < 3.0 and gone == ["quick:0"] and stops == [1, 2]
     release.set()  # the teardown goes on behind and finishes
     deadline = time.monotonic() + 5
-    while gone != ["quick", "stuck"] and time.monotonic() < deadline:
+    while len(gone) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert gone == ["quick", "stuck"]
+    assert gone == ["quick:0", "stuck:0"]
