@@ -76,6 +76,8 @@ class _Source(Protocol):
 
     def commit_caps(self) -> dict[int, int]: ...
 
+    def resting_points(self) -> dict[int, int]: ...
+
 
 class Committer:
     """Owns the commit sequence; the loops say when a step finished and when a pass ends.
@@ -116,7 +118,13 @@ class Committer:
 
     def done_points(self) -> dict[int, int]:
         """What is done now, below the rejects not judged yet."""
-        return capped(self.tracker.commit_points(), self.source.commit_caps())
+        return capped(self._points(), self.source.commit_caps())
+
+    def _points(self) -> dict[int, int]:
+        """The tracker's points, and the source's own position in partitions it holds with
+        nothing registered (started ahead of the group's commit: committed even if no record
+        of them comes again)."""
+        return {**self.source.resting_points(), **self.tracker.commit_points()}
 
     def after_step(self, step: int) -> None:
         """A step finished: checkpoint (and commit) or commit when due."""
@@ -144,9 +152,7 @@ class Committer:
         False when the save failed (logged and counted; nothing committed). Raises
         ModelDivergedError (counted as a failed checkpoint) for non-finite weights."""
         assert self.save is not None and self.checkpoints is not None
-        positions = capped(
-            self.position.current(self.tracker.commit_points()), self.source.commit_caps()
-        )
+        positions = capped(self.position.current(self._points()), self.source.commit_caps())
         if self.audit is not None:
             self.audit.flush()
         try:

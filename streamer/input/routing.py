@@ -62,6 +62,11 @@ class ShardRouter(ShardHooks):
         #: An operator's start per partition, and why: the first pass only.
         self._forced: dict[int, int] = {} if own else dict(restore or {})
         self._reasons: dict[int, str] = dict.fromkeys(self._forced, restore_reason)
+        #: Partitions held now that started at this source's own position, ahead of the
+        #: group's commit (or with none): that position is committed even if no record of
+        #: them comes again (the group's commit lagged what was done: a dead letter acked as
+        #: the last pass closed, a commit that failed).
+        self._resting: dict[int, int] = {}
         self.handover: HandOver | None = None
         #: Per partition, the epoch of its latest assignment to this source: a claimed block
         #: carries the table of its claim (streamer.input.handover drops rows of an ended one).
@@ -89,6 +94,7 @@ class ShardRouter(ShardHooks):
             shards, self._open = self._open, []
             self._forced.clear()
             self._reasons.clear()
+            self._resting.clear()
             self._mine.update(self.tracker.commit_points())
         return shards
 
@@ -108,6 +114,7 @@ class ShardRouter(ShardHooks):
         that reads the same records again on purpose (the benchmark's memory soak)."""
         with self._lock:
             self._mine.clear()
+            self._resting.clear()
             self.tracker.revoke(list(self.tracker.commit_points()))
 
     def mine(self, partition: int, points: dict[int, int] | None = None) -> int | None:
@@ -155,9 +162,20 @@ class ShardRouter(ShardHooks):
                 self.topic_missing = False
             for p in partitions:
                 forced = (self._forced[p], self._reasons[p]) if p in self._forced else None
+                mine = self.mine(p, points)
+                group_commit = found.get(p)
                 start = choose_start(
-                    mine=self.mine(p, points), group=found.get(p), group_known=known, forced=forced
+                    mine=mine, group=group_commit, group_known=known, forced=forced
                 )
+                self._resting.pop(p, None)
+                if (
+                    known
+                    and forced is None
+                    and mine is not None
+                    and start.offset == mine
+                    and (group_commit is None or group_commit.offset < mine)
+                ):
+                    self._resting[p] = mine
                 epochs[p] = self.epochs.get(p) + 1
                 if start.offset is not None:
                     seeks[p] = start.offset
@@ -178,6 +196,12 @@ class ShardRouter(ShardHooks):
             self.metrics.rebalance("assigned")
         return seeks
 
+    def resting_points(self) -> dict[int, int]:
+        """This source's own position in partitions it holds now and started ahead of the
+        group's commit: to be committed with what the tracker has (its points win)."""
+        with self._lock:
+            return {p: o for p, o in self._resting.items() if p in self._owner}
+
     def _forget(self, shard_index: int, partitions: list[int], event: str) -> dict[int, int]:
         """Drop the tracker state of partitions ``shard_index`` gives up; return their points.
 
@@ -190,6 +214,7 @@ class ShardRouter(ShardHooks):
             points = self.tracker.revoke(mine)
             for p in mine:
                 self._owner.pop(p, None)
+                self._resting.pop(p, None)
                 if p in points:
                     self._mine[p] = points[p]
                     if p in self._forced:

@@ -476,6 +476,10 @@ class StreamSource:
         log.error("reject breaker tripped: %s; stopping", summary)
         self.stop()
 
+    def resting_points(self) -> dict[int, int]:
+        """Positions held and done with no record in flight (``ShardRouter.resting_points``)."""
+        return self.router.resting_points()
+
     def commit_caps(self) -> dict[int, int]:
         """Per partition, the offset commits must stay below (rejects not judged yet)."""
         return self.breaker.caps()

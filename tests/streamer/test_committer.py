@@ -16,6 +16,7 @@ class _Source:
     def __init__(self) -> None:
         self.commits: list[dict[int, int]] = []
         self.caps: dict[int, int] = {}
+        self.resting: dict[int, int] = {}
 
     def commit(self, points: dict[int, int] | None = None) -> dict[int, int]:
         self.commits.append(dict(points or {}))
@@ -23,6 +24,9 @@ class _Source:
 
     def commit_caps(self) -> dict[int, int]:
         return dict(self.caps)
+
+    def resting_points(self) -> dict[int, int]:
+        return dict(self.resting)
 
 
 class _Audit:
@@ -94,3 +98,12 @@ def test_a_diverged_model_is_never_saved_nor_committed() -> None:
     with pytest.raises(ModelDivergedError):
         committer.checkpoint(5)
     assert source.commits == []
+
+
+def test_a_resting_position_is_committed_and_the_trackers_point_wins() -> None:
+    """A partition held with nothing registered (``ShardRouter.resting_points``) is committed
+    at this worker's position; where the tracker has a point, the tracker's is used."""
+    committer, source, *_ = _parts()
+    source.resting = {0: 3, 2: 60}
+    committer.after_step(2)
+    assert source.commits == [{0: 9, 2: 60}]

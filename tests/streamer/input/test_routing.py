@@ -73,6 +73,32 @@ def test_a_lagging_worker_commit_loses_to_what_this_worker_trained() -> None:
     assert router.on_assigned(0, [0], {0: GroupCommit(10, "streamer-worker a")}) == {0: 60}
 
 
+def test_a_position_ahead_of_the_group_is_committed_though_no_record_comes_again() -> None:
+    """A rejected record's dead letter was acknowledged as the last pass closed: this worker's
+    position passed the group's commit, with nothing left to register. The next commit
+    carries it (the group's commit would stay behind forever otherwise); it is given up with
+    the partition, and a start at the group's commit or an operator's rewind is not one."""
+    tracker = OffsetTracker()
+    router = ShardRouter("t", tracker)
+    router.on_assigned(0, [0, 1], {0: GroupCommit(51, "streamer-worker a")})
+    _trained(tracker, 0, list(range(51, 82)))
+    router.take_all()
+    assert router.resting_points() == {}
+    group = {
+        0: GroupCommit(51, "streamer-worker a"),  # behind what this worker did: its own
+        1: GroupCommit(7, "streamer-worker b"),  # no position of this worker's: the group's
+    }
+    assert router.on_assigned(0, [0, 1], group) == {0: 82, 1: 7}
+    assert router.resting_points() == {0: 82}
+    _trained(tracker, 0, [82, 83])
+    assert router.resting_points() == {0: 82}  # the committer lets the tracker's point win
+    router.on_revoked(0, [0])
+    assert router.resting_points() == {}
+    router.take_all()
+    assert router.on_assigned(0, [0], {0: GroupCommit(3, "")}) == {0: 3}  # a rewind
+    assert router.resting_points() == {}
+
+
 def test_an_operators_rewind_of_the_group_wins_over_the_checkpoint() -> None:
     router = ShardRouter("t", OffsetTracker(), restore={0: 900})
     assert router.on_assigned(0, [0], {0: GroupCommit(0, "")}) == {0: 0}
