@@ -72,6 +72,9 @@ class CommitSchedule:
 
 
 class _Source(Protocol):
+    @property
+    def rollback(self) -> object | None: ...
+
     def commit(self, points: dict[int, int] | None = None) -> dict[int, int]: ...
 
     def commit_caps(self) -> dict[int, int]: ...
@@ -127,7 +130,10 @@ class Committer:
         return {**self.source.resting_points(), **self.tracker.commit_points()}
 
     def after_step(self, step: int) -> None:
-        """A step finished: checkpoint (and commit) or commit when due."""
+        """A step finished: checkpoint (and commit) or commit when due; neither while a
+        rollback is asked for (what was trained since the last checkpoint is undone)."""
+        if self.source.rollback is not None:
+            return
         if self.checkpoints is not None:
             if self.checkpoints.due(step):
                 self.checkpoint(step)
@@ -145,6 +151,14 @@ class Committer:
         # state): an export after the pass still records every partition's position.
         self.position.commit(points)
         self.commits.done(step)
+
+    def rolled_back(self, step: int, positions: dict[int, int]) -> None:
+        """The model went back to a checkpoint of ``step`` with these positions: the
+        schedules count from it, and the position is the checkpoint's."""
+        self.position.roll_back(positions)
+        self.commits.done(step)
+        if self.checkpoints is not None:
+            self.checkpoints.done(step)
 
     def checkpoint(self, step: int) -> bool:
         """Checkpoint the model with the stream position, then commit the same offsets.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
 from streamer.ops.gctune import release_free_memory, tune_gc
 from streamer.ops.tboard import ProfileWindow, TrainingSummaries
+from streamer.rollback import RollbackPoint, RollbackPoints
 from streamer.runtime import (
     choose_decoder,
     dead_letter_writer,
@@ -104,6 +106,9 @@ class Worker(Lifecycle):
         self._steps_in_window = 0  # steps since the last report of the model's metrics
         #: This worker's hold on its --checkpoint-dir (one writer per directory).
         self.lease: Lease | None = None
+        #: The checkpoints a loss of partitions may go back to (``_roll_back``).
+        self.rollback_points = RollbackPoints()
+        self._rolled_back = False  # the pass ended in a rollback
 
     def _on_stop(self) -> None:
         if getattr(self, "source", None) is not None:
@@ -328,6 +333,8 @@ class Worker(Lifecycle):
             audit=self.audit,
             to_group=cfg.commits,  # a replay without --replay-group commits to no group
         )
+        if self.checkpointer is not None:
+            self._keep_start()
         while not self._stopping.is_set():
             exhausted = self._run_pass()
             if self.source.reject_limit is not None:
@@ -446,6 +453,8 @@ class Worker(Lifecycle):
             ):
                 if self._stopping.is_set() and drain_until is None:
                     drain_until = self._begin_drain()
+                if source.rollback is not None:
+                    break  # partitions were lost: the pass ends, the model goes back
                 if self.config.steps_per_execution > 1:
                     if self.profiler is not None:
                         k = self.config.steps_per_execution
@@ -495,7 +504,8 @@ class Worker(Lifecycle):
                 "those left, and any trained after them, are trained again after a restart",
                 self._drain_seconds(),
             )
-        return exhausted and not self._stopping.is_set()
+        rolled_back, self._rolled_back = self._rolled_back, False
+        return exhausted and not self._stopping.is_set() and not rolled_back
 
     def _run_steps(self, iterator: Any) -> bool:
         """Up to --steps-per-execution steps in one call of the compiled function
@@ -795,7 +805,71 @@ class Worker(Lifecycle):
             log.error("checkpoint failed: %s", exc)
             return None
         log.info("checkpoint %s at step %d", path, step)
+        audit = self.audit.synced if self.audit is not None else 0
+        self.rollback_points.add(RollbackPoint(path, step, dict(positions), audit))
         return positions
+
+    def _keep_start(self) -> None:
+        """The state this run begins in, as the first checkpoint a loss of partitions may go
+        back to: the checkpoint it restored, else one written now (beside the managed ones,
+        never restored at a start). From here on a lost partition trained past its commit
+        ends the pass and the model goes back (``_roll_back``)."""
+        cfg = self.config
+        assert self.checkpointer is not None and cfg.checkpoint_dir
+        positions = self.position.current()
+        path = self.checkpointer.latest if cfg.replay is None else None
+        if path is None:
+            prefix = os.path.join(cfg.checkpoint_dir, "rollback-start", "ckpt")
+            path = self.checkpointer.write_copy(prefix, self.step, positions)
+        audit = self.audit.synced if self.audit is not None else 0
+        self.rollback_points.add(RollbackPoint(path, self.step, positions, audit, start=True))
+        self.source.router.roll_back_on_lost = True
+
+    def _roll_back(self) -> None:
+        """Partitions were lost with records trained here and not committed: their next
+        owner trains them from the group's commit, so this model goes back to the checkpoint
+        of its last commit that succeeded, and those records are trained once. The audit
+        log drops their lines; the directory's latest checkpoint is the one gone back to."""
+        source = self.source
+        request = source.rollback
+        assert request is not None and self.checkpointer is not None
+        committed = source.committed()
+        target = self.rollback_points.target(committed)
+        if target is None:
+            source.router.keep_trained()
+            log.warning(
+                "partitions %s were lost with records trained here and not committed, and "
+                "no checkpoint is at or past every commit of this run (a partition was "
+                "committed as it moved away since the last one): the model is kept, so their "
+                "next owner trains those records again",
+                request.lost,
+            )
+            return
+        steps = self.step - target.step
+        records = sum(max(0, o - target.positions.get(p, o)) for p, o in request.trained.items())
+        self.checkpointer.restore_path(target.path, announce=False)
+        self.step = target.step
+        self.rollback_points.went_back_to(target)
+        self.nonfinite.applied()  # records held by skipped steps are read again, too
+        self.committer.rolled_back(target.step, target.positions)
+        source.roll_back(target.positions, to_start=target.start)
+        lines = self.audit.truncate(target.audit_size) if self.audit is not None else 0
+        self._rolled_back = True
+        log.warning(
+            "partitions %s were lost (this member was fenced or its session expired: another "
+            "member may train them from the group's commit now) with records trained here and "
+            "not committed: went back to checkpoint %s at step %d (%d steps, about %d records "
+            "undone%s); each of those is trained once, by whoever owns its partition next",
+            request.lost,
+            target.path,
+            target.step,
+            steps,
+            records,
+            f", {lines} audit log lines dropped" if self.audit is not None else "",
+        )
+        # The directory's latest checkpoint is the state gone back to: a restart must not
+        # restore a newer one, which holds what was undone.
+        self.committer.checkpoint(self.step)
 
     def _end_pass(self) -> None:
         """After a pass (or on stop): checkpoint if configured, commit everything done, close shards.
@@ -808,6 +882,8 @@ class Worker(Lifecycle):
             committer = self.committer
             if self.lease is not None and self.lease.lost is not None:
                 return  # another worker holds the directory now: no checkpoint, no commit
+            if self.source.rollback is not None:
+                return  # what was trained since the last checkpoint is undone (below)
             if self._diverged is not None or self._untracked:
                 if not committer.checkpointing:
                     committer.commit(committer.done_points(), self.step)
@@ -824,7 +900,9 @@ class Worker(Lifecycle):
             else:
                 committer.commit(committer.done_points(), self.step)
         finally:
-            self.source.end_pass()
+            self.source.end_pass()  # its pending commits reach the group first
+            if self.source.rollback is not None and self.checkpointer is not None:
+                self._roll_back()
             if self.summaries is not None:
                 self.summaries.flush()
 

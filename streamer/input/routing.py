@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from consumers import ShardHooks, ShardLike
@@ -20,9 +22,18 @@ if TYPE_CHECKING:
     from streamer.ops.health import Health
     from streamer.ops.metrics import Metrics
 
-__all__ = ["ShardRouter"]
+__all__ = ["Rollback", "ShardRouter"]
 
 log = logging.getLogger("streamer.routing")
+
+
+@dataclass
+class Rollback:
+    """Partitions were lost with records trained here and not committed (``lost``), and what
+    this source had trained of every partition then (``trained``: next offsets)."""
+
+    lost: list[int]
+    trained: dict[int, int]
 
 
 class ShardRouter(ShardHooks):
@@ -67,6 +78,24 @@ class ShardRouter(ShardHooks):
         #: them comes again (the group's commit lagged what was done: a dead letter acked as
         #: the last pass closed, a commit that failed).
         self._resting: dict[int, int] = {}
+        #: This source's successful commits this run, per partition (the highest): a
+        #: rollback never goes behind them (records committed are trained by no one again).
+        self._committed: dict[int, int] = {}
+        #: Per partition held, where this source began it or last committed it: records
+        #: trained past it are this source's alone until a commit (``on_lost``).
+        self._floor: dict[int, int] = {}
+        #: The operator's start as given (``_forced`` is used up by the first pass): a
+        #: rollback to the state this run began in starts there again.
+        self._initial_forced = (dict(self._forced), dict(self._reasons))
+        #: Set by a worker with a checkpoint to go back to: partitions lost (not revoked: no
+        #: commit was possible) with records trained here since the last commit ask for a
+        #: rollback (``rollback``) instead of being trained again by their next owner too.
+        self.roll_back_on_lost = False
+        #: A lost partition's records trained here and not committed: the pass ends and the
+        #: worker goes back to a checkpoint; until then nothing this source did is committed.
+        self.rollback: Rollback | None = None
+        #: Called (once) when a rollback is asked for: the source ends its pass.
+        self.on_rollback: Callable[[], None] | None = None
         self.handover: HandOver | None = None
         #: Per partition, the epoch of its latest assignment to this source: a claimed block
         #: carries the table of its claim (streamer.input.handover drops rows of an ended one).
@@ -95,8 +124,40 @@ class ShardRouter(ShardHooks):
             self._forced.clear()
             self._reasons.clear()
             self._resting.clear()
-            self._mine.update(self.tracker.commit_points())
+            if self.rollback is None:
+                self._mine.update(self.tracker.commit_points())
+            else:  # undone by ``roll_back``, or kept by ``keep_trained``
+                self.rollback.trained.update(self.tracker.commit_points())
         return shards
+
+    def committed(self) -> dict[int, int]:
+        """This source's successful commits this run: the highest offset per partition."""
+        with self._lock:
+            return dict(self._committed)
+
+    def roll_back(self, positions: dict[int, int], *, to_start: bool) -> None:
+        """The worker went back to a checkpoint with these positions (after ``take_all``):
+        they are this source's position now, and what was tracked since is dropped.
+        ``to_start``: the state this run began in, where an operator's start applies again."""
+        with self._lock:
+            self.tracker.revoke(list(self.tracker.commit_points()))
+            self._mine = dict(positions)
+            self._resting.clear()
+            if to_start:
+                forced, reasons = self._initial_forced
+                self._forced, self._reasons = dict(forced), dict(reasons)
+                for p in forced:
+                    self._mine.pop(p, None)
+            self.rollback = None
+
+    def keep_trained(self) -> None:
+        """The worker could not go back to a checkpoint (one would undo records already
+        committed): what this source trained stays its position, as without a rollback."""
+        with self._lock:
+            if self.rollback is not None:
+                self._mine.update(self.rollback.trained)
+                self._mine.update(self.tracker.commit_points())
+            self.rollback = None
 
     def shards(self) -> list[ShardLike]:
         with self._lock:
@@ -177,6 +238,13 @@ class ShardRouter(ShardHooks):
                 ):
                     self._resting[p] = mine
                 epochs[p] = self.epochs.get(p) + 1
+                began = start.offset
+                if began is None and group_commit is not None:
+                    began = group_commit.offset
+                if began is not None:
+                    self._floor[p] = began
+                else:
+                    self._floor.pop(p, None)
                 if start.offset is not None:
                     seeks[p] = start.offset
                 log.log(
@@ -212,10 +280,13 @@ class ShardRouter(ShardHooks):
         with self._lock:
             mine = [p for p in partitions if self._owner.get(p, shard_index) == shard_index]
             points = self.tracker.revoke(mine)
+            rollback = self.rollback
+            if rollback is not None:  # undone, unless the worker cannot go back after all
+                rollback.trained.update(points)
             for p in mine:
                 self._owner.pop(p, None)
                 self._resting.pop(p, None)
-                if p in points:
+                if p in points and rollback is None:
                     self._mine[p] = points[p]
                     if p in self._forced:
                         # Back in this pass, it starts from what is done, not from the
@@ -242,12 +313,45 @@ class ShardRouter(ShardHooks):
             handover.release(mine, lambda p: points().get(p))
 
     def on_revoked(self, shard_index: int, partitions: list[int]) -> dict[int, int]:
-        return self._forget(shard_index, partitions, "revoked")
+        points = self._forget(shard_index, partitions, "revoked")
+        if self.rollback is not None:
+            return {}  # what was trained since the checkpoint is undone: nothing to commit
+        return points
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:
         if self.handover is not None:  # another member has them: train none of them here
             self.handover.block(partitions)
+        with self._lock:
+            # What this source trained and did not commit, of every partition it has records
+            # of (a rollback undoes all of it) and of the lost ones.
+            trained = self.tracker.commit_points()
+            uncommitted = {
+                p: trained[p]
+                for p in partitions
+                if p in trained
+                and trained[p] > self._floor.get(p, -1)
+                and self._owner.get(p, shard_index) == shard_index
+            }
+            first = False
+            if uncommitted and self.roll_back_on_lost:
+                first = self.rollback is None
+                if first:
+                    self.rollback = Rollback(sorted(uncommitted), dict(trained))
+                else:
+                    assert self.rollback is not None
+                    self.rollback.lost = sorted({*self.rollback.lost, *uncommitted})
+        if uncommitted and not self.roll_back_on_lost:
+            log.warning(
+                "partitions %s were lost (this member was fenced or its session expired: "
+                "another member may own them now) with records trained here and not "
+                "committed, up to offsets %s: their next owner trains those again (a worker "
+                "with --checkpoint-dir goes back to its checkpoint instead)",
+                sorted(uncommitted),
+                uncommitted,
+            )
         self._forget(shard_index, partitions, "lost")
+        if first and self.on_rollback is not None:
+            self.on_rollback()
 
     def on_poll(
         self,
@@ -280,6 +384,8 @@ class ShardRouter(ShardHooks):
             with self._lock:
                 for p, off in offsets.items():
                     self._mine[p] = max(off, self._mine.get(p, off))
+                    self._committed[p] = max(off, self._committed.get(p, off))
+                    self._floor[p] = max(off, self._floor.get(p, off))
         if self.metrics is not None:
             self.metrics.observe_commit(offsets, ok, seconds)
 

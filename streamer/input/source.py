@@ -30,7 +30,7 @@ from streamer.input.offsets import OffsetTracker
 from streamer.input.passes import PassRules
 from streamer.input.pipeline import PipelineSettings
 from streamer.input.rejects import Rejects
-from streamer.input.routing import ShardRouter
+from streamer.input.routing import Rollback, ShardRouter
 from streamer.input.shuffle import ShuffleWindow
 from streamer.ops.gctune import release_free_memory
 
@@ -128,6 +128,9 @@ class StreamSource:
             restore=restore,
             restore_reason=reason,
         )
+        # A lost partition trained here past its commit: this pass ends, and the worker goes
+        # back to its checkpoint (``ShardRouter.on_lost``).
+        self.router.on_rollback = self.stop
         self.rules = PassRules(
             pass_records=self.settings.pass_records,
             pass_seconds=self.settings.pass_seconds,
@@ -501,6 +504,21 @@ class StreamSource:
         if points:
             self.router.commit(points)
         return points
+
+    @property
+    def rollback(self) -> Rollback | None:
+        """Set when partitions were lost with records trained here and not committed (and
+        the worker asked for rollbacks: ``ShardRouter.roll_back_on_lost``): this pass ends,
+        nothing more is committed, and the worker goes back to a checkpoint."""
+        return self.router.rollback
+
+    def roll_back(self, positions: dict[int, int], *, to_start: bool) -> None:
+        """After the pass ended: the worker went back to a checkpoint with these positions."""
+        self.router.roll_back(positions, to_start=to_start)
+
+    def committed(self) -> dict[int, int]:
+        """This source's successful commits this run (the highest offset per partition)."""
+        return self.router.committed()
 
     def stop(self) -> None:
         """Make every generator of the current pass finish (the pass ends cleanly)."""

@@ -40,6 +40,13 @@ class StreamPosition:
         with self._lock:
             self._known.update(points)
 
+    def roll_back(self, positions: dict[int, int]) -> None:
+        """The model went back to a checkpoint with these positions: they are all that is
+        known now (what was committed since is in the checkpoint, or ahead of it nowhere)."""
+        with self._lock:
+            self._restored = {}
+            self._known = dict(positions)
+
     def current(self, done: dict[int, int] | None = None) -> dict[int, int]:
         """Every partition's position: what is known, overlaid with ``done`` (the tracker's
         commit points now), which becomes known."""

@@ -29,6 +29,8 @@ class AuditLog:
             raise ConfigError(
                 "audit_log", path, f"cannot be written ({exc.strerror or exc}); pick another path"
             ) from exc
+        #: The log's size at its last ``flush`` (the last commit or checkpoint).
+        self.synced = self._fh.tell()
 
     def add(self, partition: np.ndarray, offset: np.ndarray) -> None:
         prefix = self.topic + ","
@@ -43,6 +45,18 @@ class AuditLog:
     def flush(self) -> None:
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        self.synced = self._fh.tell()
+
+    def truncate(self, size: int) -> int:
+        """Drop the lines after ``size`` bytes (the model went back to a checkpoint: those
+        records are no longer trained); the number of lines dropped."""
+        self._fh.flush()
+        with open(self.path, "rb") as fh:
+            fh.seek(size)
+            dropped = fh.read().count(b"\n")
+        self._fh.truncate(size)
+        self.flush()
+        return dropped
 
     def close(self) -> None:
         self.flush()

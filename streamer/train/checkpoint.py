@@ -83,6 +83,11 @@ class Checkpointer:
             path = tf.train.latest_checkpoint(self.restore_from)
         if path is None:
             return None
+        return self.restore_path(path)
+
+    def restore_path(self, path: str, *, announce: bool = True) -> tuple[int, dict[int, int]]:
+        """Restore the checkpoint at ``path`` (a rollback names one of those it wrote):
+        (step, offsets); ``announce``: say so at INFO (a rollback says it its own way)."""
         self._ckpt.restore(path).assert_existing_objects_matched()
         step = int(self._step.numpy())
         # "name" (older checkpoints) or "name\nid": names cannot hold a newline.
@@ -98,7 +103,8 @@ class Checkpointer:
                 self.topic,
             )
             offsets = {}
-        log.info("restored %s: step %d, offsets %s", path, step, offsets)
+        if announce:
+            log.info("restored %s: step %d, offsets %s", path, step, offsets)
         return step, offsets
 
     def adopt_topic_id(self, topic_id: str | None) -> bool:

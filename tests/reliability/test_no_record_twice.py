@@ -4,13 +4,17 @@ Independent replicas, each with its own ``--checkpoint-dir``, run as real proces
 shared broker while a producer writes a steady stream; judged from the outside by their audit
 logs (every trained record), their exit codes and the group's committed offsets:
 
-- the deploy sequence: worker a alone; b joins (scale out); a is restarted (rolling deploy:
-  its checkpoint still holds the partitions b took, behind b's commits); b stops (scale in);
-  a trains the rest and stops on idle. Every record trained exactly once, nothing lost.
+- the deploy sequence, with a pause in it: worker a alone; b joins (scale out); b is paused
+  (SIGSTOP to it and its shard processes, as a frozen pod) past its session, so a takes its
+  partitions from the group's commit, then b goes on (it goes back to its checkpoint: what it
+  trained since is a's now); a is restarted (rolling deploy: its checkpoint still holds the
+  partitions b took, behind b's commits); b stops (scale in); a trains the rest and stops on
+  idle. Every record trained exactly once, nothing lost.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,7 +51,7 @@ def _tails(*workers: WorkerProcess | None) -> str:
 
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("client", ["kafka-python", "confluent"])
-def test_a_deploy_sequence_trains_every_record_exactly_once(
+def test_a_deploy_sequence_with_a_pause_trains_every_record_exactly_once(
     kafka_bootstrap: str,
     make_topic: Callable[..., str],
     group_id: str,
@@ -88,8 +92,16 @@ def test_a_deploy_sequence_trains_every_record_exactly_once(
     try:
         a = WorkerProcess.start(args("a"), tmp_path / "worker-a.log")
         a.wait_for(lambda: a.samples_trained() >= 3000, START_S, "worker a training")
-        b = WorkerProcess.start(args("b"), tmp_path / "worker-b.log")  # scale out
+        b = WorkerProcess.start(args("b"), tmp_path / "worker-b.log", new_group=True)  # scale out
         b.wait_for(lambda: b.samples_trained() >= 3000, START_S, "worker b training")
+        # A paused pod: b and its shard processes stop past the session; a takes every
+        # partition from the group's commit, behind what b trained.
+        b.signal_group(signal.SIGSTOP)
+        time.sleep(SESSION_MS / 1000 + 8)
+        b.signal_group(signal.SIGCONT)
+        b.wait_for(lambda: "went back to checkpoint" in b.log(), 60, "b going back")
+        trained_b = b.samples_trained()
+        b.wait_for(lambda: b.samples_trained() >= trained_b + 2000, 60, "b training again")
         t0 = time.monotonic()
         a.terminate()  # a rolling deploy restarts a (b, another member, runs on)
         assert a.wait(40) == 0, _tails(a, b)

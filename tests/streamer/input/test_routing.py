@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+import pytest
 
 from consumers.clients.base import GroupCommit
 from streamer.input.offsets import OffsetTracker
@@ -120,3 +123,72 @@ def test_a_missing_topic_drops_the_checkpoint_offsets() -> None:
     assert router.topic_missing and router.restore_offsets() == {}
     router.on_assigned(0, [0])
     assert not router.topic_missing
+
+
+def test_a_lost_partition_trained_past_its_commit_asks_for_a_rollback() -> None:
+    """A paused member: its partitions went to another member, which trains them from the
+    group's commit; what this worker trained of them past it is undone, not kept."""
+    tracker = OffsetTracker()
+    router = ShardRouter("t", tracker)
+    router.roll_back_on_lost = True
+    asked: list[int] = []
+    router.on_rollback = lambda: asked.append(1)
+    group = {0: GroupCommit(100, "streamer-worker a"), 1: GroupCommit(50, "streamer-worker a")}
+    router.on_assigned(0, [0], group)
+    router.on_assigned(1, [1], group)
+    _trained(tracker, 0, [100, 101, 102])
+    _trained(tracker, 1, [50, 51])
+    router.on_commit({1: 52}, True, 0.01, None)  # partition 1's records are committed
+    router.on_lost(1, [1])
+    assert router.rollback is None and not asked  # nothing of partition 1 past its commit
+    router.on_lost(0, [0])
+    assert router.rollback is not None and router.rollback.lost == [0] and asked == [1]
+    # While it is pending, nothing this source trained is committed, nor kept as its own.
+    router.on_assigned(0, [2], {2: GroupCommit(7, "streamer-worker a")})
+    _trained(tracker, 2, [7, 8])
+    assert router.on_revoked(0, [2]) == {}
+    router.take_all()
+    assert router.rollback.trained == {0: 103, 2: 9}
+    assert router.committed() == {1: 52}
+    router.roll_back({0: 100, 1: 52, 2: 7}, to_start=False)
+    assert router.rollback is None and tracker.commit_points() == {}
+    # Back to the checkpoint's positions; a group's commit ahead of them still wins.
+    assert router.on_assigned(0, [0], {0: GroupCommit(100, "streamer-worker a")}) == {0: 100}
+    assert router.on_assigned(0, [2], {2: GroupCommit(90, "streamer-worker b")}) == {2: 90}
+
+
+def test_a_rollback_that_cannot_go_back_keeps_what_was_trained() -> None:
+    tracker = OffsetTracker()
+    router = ShardRouter("t", tracker)
+    router.roll_back_on_lost = True
+    router.on_assigned(0, [0], {0: GroupCommit(10, "streamer-worker a")})
+    _trained(tracker, 0, [10, 11, 12])
+    router.on_lost(0, [0])
+    router.take_all()
+    router.keep_trained()
+    assert router.rollback is None
+    assert router.restore_offsets() == {0: 13}
+
+
+def test_a_lost_partition_without_checkpoints_only_warns(caplog: pytest.LogCaptureFixture) -> None:
+    tracker = OffsetTracker()
+    router = ShardRouter("t", tracker)
+    router.on_assigned(0, [0], {0: GroupCommit(10, "streamer-worker a")})
+    _trained(tracker, 0, [10, 11])
+    with caplog.at_level(logging.WARNING, "streamer.routing"):
+        router.on_lost(0, [0])
+    assert router.rollback is None
+    assert "their next owner trains those again" in caplog.text
+    assert router.restore_offsets() == {0: 12}  # as before: back here, it goes on from there
+
+
+def test_a_rollback_to_the_start_applies_the_operators_start_again() -> None:
+    tracker = OffsetTracker()
+    router = ShardRouter("t", tracker, restore={0: 5}, restore_reason="--start-from earliest")
+    router.roll_back_on_lost = True
+    router.on_assigned(0, [0], {0: GroupCommit(500, "streamer-worker a")})
+    _trained(tracker, 0, [5, 6])
+    router.on_lost(0, [0])
+    router.take_all()
+    router.roll_back({0: 5}, to_start=True)
+    assert router.on_assigned(0, [0], {0: GroupCommit(500, "streamer-worker a")}) == {0: 5}
