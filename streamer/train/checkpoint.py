@@ -144,6 +144,9 @@ class Checkpointer:
         chief's copy is kept)."""
         self._check(step)
         self._assign(step, offsets)
+        # Created before the write (``save`` creates it): the copy restores with every object
+        # matched, as a managed checkpoint does (a rollback restores one).
+        _ = self._ckpt.save_counter
         path: str = self._ckpt.write(prefix)
         return path
 

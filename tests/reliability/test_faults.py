@@ -196,24 +196,33 @@ def _wait_trained(worker: WorkerProcess, audit: Path, n: int, what: str) -> None
 
 @pytest.mark.timeout(420)
 @pytest.mark.parametrize(
-    ("how", "pass_boundary", "client"),
+    ("how", "pass_boundary", "client", "checkpoints"),
     [
         # A SIGKILL within one pass is covered by the SIGTERM case (the consumers reconnect
         # by themselves) and the SIGKILL ones across a pass boundary (70 s of CI saved).
-        ("sigterm", False, "kafka-python"),
-        ("sigkill", True, "kafka-python"),
-        ("sigkill", True, "confluent"),
+        ("sigterm", False, "kafka-python", None),
+        ("sigkill", True, "kafka-python", "steady"),
+        ("sigkill", True, "confluent", "early"),
     ],
     ids=["sigterm", "sigkill-across-a-pass-boundary", "confluent-sigkill-pass"],
 )
 def test_worker_survives_a_broker_restart_without_losing_records(
-    private_broker: PrivateBroker, tmp_path: Path, how: str, pass_boundary: bool, client: str
+    private_broker: PrivateBroker,
+    tmp_path: Path,
+    how: str,
+    pass_boundary: bool,
+    client: str,
+    checkpoints: str | None,
 ) -> None:
-    """The same worker process trains on after the broker comes back; nothing is lost.
+    """The same worker process trains on after the broker comes back; nothing is lost, and
+    nothing is trained twice.
 
     Without ``pass_boundary`` the pass outlives the outage (--idle-timeout 120): the shards'
-    consumers reconnect by themselves. With it (--idle-timeout 3, an outage of 16 s) a new pass
-    opens its shards while the broker is still down, for longer than bootstrap_timeout_ms.
+    consumers reconnect by themselves. With it (--idle-timeout 3, an outage of 16 s or more,
+    past the 10 s session) a new pass opens its shards while the broker is still down, for
+    longer than bootstrap_timeout_ms. ``checkpoints``: with a --checkpoint-dir, written every
+    second ("steady": the outage comes in a steady stream of checkpoints) or never before the
+    outage ("early": only the state the run began in; a lost partition goes back to it).
     """
     broker = private_broker
     if not broker.running():
@@ -235,6 +244,15 @@ def test_worker_survives_a_broker_restart_without_losing_records(
         extra=[
             *("--idle-timeout", idle_timeout, "--commit-every-seconds", "1"),
             *("--kafka-client", client),
+            *("--session-timeout-ms", "10000"),
+            *(
+                []
+                if checkpoints is None
+                else [
+                    *("--checkpoint-dir", str(tmp_path / "ckpt")),
+                    *("--checkpoint-every-seconds", "1" if checkpoints == "steady" else "3600"),
+                ]
+            ),
         ],
     )
     worker = start_worker(args, tmp_path / "worker.log")
