@@ -251,6 +251,7 @@ def test_worker_survives_a_broker_restart_without_losing_records(
                 else [
                     *("--checkpoint-dir", str(tmp_path / "ckpt")),
                     *("--checkpoint-every-seconds", "1" if checkpoints == "steady" else "3600"),
+                    *("--checkpoint-every-steps", "1000000"),
                 ]
             ),
         ],
