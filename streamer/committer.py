@@ -75,6 +75,9 @@ class _Source(Protocol):
     @property
     def rollback(self) -> object | None: ...
 
+    @property
+    def revoke_commits(self) -> int: ...
+
     def commit(self, points: dict[int, int] | None = None) -> dict[int, int]: ...
 
     def commit_caps(self) -> dict[int, int]: ...
@@ -114,6 +117,8 @@ class Committer:
         self.save = save
         self.audit = audit
         self.to_group = to_group
+        #: ``source.revoke_commits`` as of the last checkpoint: one more is a commit past it.
+        self._revokes_seen = 0
 
     @property
     def checkpointing(self) -> bool:
@@ -135,7 +140,9 @@ class Committer:
         if self.source.rollback is not None:
             return
         if self.checkpoints is not None:
-            if self.checkpoints.due(step):
+            # A revocation committed past the last checkpoint: checkpoint now, so that a
+            # rollback always has one at or past every commit (``streamer.rollback``).
+            if self.checkpoints.due(step) or self.source.revoke_commits != self._revokes_seen:
                 self.checkpoint(step)
         elif self.commits.due(step):
             self.commit(self.done_points(), step)
@@ -166,6 +173,7 @@ class Committer:
         False when the save failed (logged and counted; nothing committed). Raises
         ModelDivergedError (counted as a failed checkpoint) for non-finite weights."""
         assert self.save is not None and self.checkpoints is not None
+        revokes = self.source.revoke_commits
         positions = capped(self.position.current(self._points()), self.source.commit_caps())
         if self.audit is not None:
             self.audit.flush()
@@ -181,4 +189,5 @@ class Committer:
         # Kafka commits follow the checkpoint: the checkpoint is the source of truth.
         self.commit(committed, step)
         self.checkpoints.done(step)
+        self._revokes_seen = revokes
         return True

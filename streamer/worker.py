@@ -855,6 +855,8 @@ class Worker(Lifecycle):
         source.roll_back(target.positions, to_start=target.start)
         lines = self.audit.truncate(target.audit_size) if self.audit is not None else 0
         self._rolled_back = True
+        if self.metrics is not None:
+            self.metrics.rollbacks.inc()
         log.warning(
             "partitions %s were lost (this member was fenced or its session expired: another "
             "member may train them from the group's commit now) with records trained here and "

@@ -94,6 +94,9 @@ class ShardRouter(ShardHooks):
         #: A lost partition's records trained here and not committed: the pass ends and the
         #: worker goes back to a checkpoint; until then nothing this source did is committed.
         self.rollback: Rollback | None = None
+        #: Revocations that committed (a planned move: what was trained, outside any
+        #: checkpoint): the worker checkpoints at its next step, so it has one to go back to.
+        self.revoke_commits = 0
         #: Called (once) when a rollback is asked for: the source ends its pass.
         self.on_rollback: Callable[[], None] | None = None
         self.handover: HandOver | None = None
@@ -316,6 +319,8 @@ class ShardRouter(ShardHooks):
         points = self._forget(shard_index, partitions, "revoked")
         if self.rollback is not None:
             return {}  # what was trained since the checkpoint is undone: nothing to commit
+        if points:
+            self.revoke_commits += 1
         return points
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:

@@ -512,6 +512,11 @@ class StreamSource:
         nothing more is committed, and the worker goes back to a checkpoint."""
         return self.router.rollback
 
+    @property
+    def revoke_commits(self) -> int:
+        """Revocations that committed what was trained (outside any checkpoint) so far."""
+        return self.router.revoke_commits
+
     def roll_back(self, positions: dict[int, int], *, to_start: bool) -> None:
         """After the pass ended: the worker went back to a checkpoint with these positions."""
         self.router.roll_back(positions, to_start=to_start)

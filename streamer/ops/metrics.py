@@ -318,6 +318,12 @@ class Metrics:
             "last_checkpoint_timestamp_seconds", "When the last checkpoint succeeded (Unix time)."
         )
 
+        self.rollbacks = counter(
+            "rollbacks",
+            "Times the model went back to a checkpoint because partitions were lost with "
+            "records trained here and not committed (their next owner trains those).",
+        )
+
         # Multi-worker training (one model on N workers; streamer/cluster/worker.py).
         self.padded_rows = counter(
             "padded_rows",

@@ -68,6 +68,7 @@ METRICS: dict[str, str] = {
     "streamer_build_info": "gauge",
     "streamer_padded_rows_total": "counter",
     "streamer_idle_steps_total": "counter",
+    "streamer_rollbacks_total": "counter",
     "streamer_cluster_workers": "gauge",
 }
 _HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")

@@ -17,6 +17,8 @@ class _Source:
         self.commits: list[dict[int, int]] = []
         self.caps: dict[int, int] = {}
         self.resting: dict[int, int] = {}
+        self.rollback: object | None = None
+        self.revoke_commits = 0
 
     def commit(self, points: dict[int, int] | None = None) -> dict[int, int]:
         self.commits.append(dict(points or {}))
@@ -107,3 +109,40 @@ def test_a_resting_position_is_committed_and_the_trackers_point_wins() -> None:
     source.resting = {0: 3, 2: 60}
     committer.after_step(2)
     assert source.commits == [{0: 9, 2: 60}]
+
+
+def test_nothing_is_committed_or_checkpointed_while_a_rollback_is_asked_for() -> None:
+    saved: list[int] = []
+
+    def save(step: int, offsets: dict[int, int]) -> dict[int, int]:
+        saved.append(step)
+        return offsets
+
+    committer, source, _, _, _ = _parts(save)
+    source.rollback = object()
+    committer.after_step(2)
+    assert saved == [] and source.commits == []
+    source.rollback = None
+    committer.after_step(3)
+    assert saved == [3]
+
+
+def test_a_revocation_that_committed_is_followed_by_a_checkpoint_at_the_next_step() -> None:
+    """A planned move committed past the last checkpoint: a lost partition could otherwise
+    find no checkpoint to go back to without undoing a commit."""
+    saved: list[int] = []
+
+    def save(step: int, offsets: dict[int, int]) -> dict[int, int]:
+        saved.append(step)
+        return offsets
+
+    committer, source, _, position, _ = _parts(save, every=100)
+    committer.after_step(1)
+    assert saved == []
+    source.revoke_commits += 1
+    committer.after_step(2)
+    committer.after_step(3)
+    assert saved == [2]
+    committer.rolled_back(2, {0: 8})
+    assert position.current() == {0: 8}
+    assert committer.checkpoints is not None and committer.checkpoints.last_step == 2

@@ -86,6 +86,7 @@ def test_every_series_exists_at_zero_from_start_up() -> None:
         ("streamer_commit_duration_seconds_count", {}),
         ("streamer_padded_rows_total", {}),
         ("streamer_idle_steps_total", {}),
+        ("streamer_rollbacks_total", {}),
     ]
     expected += [("streamer_decode_errors_total", {**t, "reason": r}) for r in DECODE_ERROR_REASONS]
     expected += [("streamer_kafka_errors_total", {"type": k}) for k in KAFKA_ERROR_TYPES]

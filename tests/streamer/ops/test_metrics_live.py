@@ -77,6 +77,7 @@ COUNTERS = {
     "checkpoints_total": {"result"},
     "padded_rows_total": set(),
     "idle_steps_total": set(),
+    "rollbacks_total": set(),
 }
 PER_PARTITION = {
     "partition_high_watermark_offset",
