@@ -201,6 +201,8 @@ class StallWatch(threading.Thread):
             for n in range(len(self.soak.workers)):
                 try:
                     with open(self.soak.audit(n), "rb") as fh:
+                        if os.fstat(fh.fileno()).st_size < self._read.get(n, 0):
+                            self._read[n] = 0  # a rollback dropped its last lines
                         fh.seek(self._read.get(n, 0))
                         chunk = fh.read()
                 except FileNotFoundError:

@@ -18,6 +18,7 @@ its restart, ``kill -9`` of the group's coordinator, its restart. Asserted, per 
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import uuid
@@ -129,6 +130,8 @@ class _Trained(threading.Thread):
     def sample(self) -> None:
         try:
             with open(self.audit, "rb") as fh:
+                if os.fstat(fh.fileno()).st_size < self._read:
+                    self._read = 0  # cut back (a rollback dropped its lines): read it again
                 fh.seek(self._read)
                 chunk = fh.read()
         except FileNotFoundError:

@@ -97,7 +97,7 @@ def test_a_deploy_sequence_with_a_pause_trains_every_record_exactly_once(
         # A paused pod: b and its shard processes stop past the session; a takes every
         # partition from the group's commit, behind what b trained.
         b.signal_group(signal.SIGSTOP)
-        time.sleep(SESSION_MS / 1000 + 8)
+        time.sleep(SESSION_MS / 1000 + 4)
         b.signal_group(signal.SIGCONT)
         b.wait_for(lambda: "went back to checkpoint" in b.log(), 60, "b going back")
         trained_b = b.samples_trained()
