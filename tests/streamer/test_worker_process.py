@@ -309,7 +309,7 @@ def test_sigterm_mid_stream_then_restart_trains_every_record_exactly_once(
 @pytest.mark.parametrize(
     ("client", "runtime", "how"),
     [
-        ("kafka-python", "process", "SIGINT to the group"),
+        # kafka-python, process shards, SIGINT: the shuffle-window case below (22 s of CI).
         ("kafka-python", "process", "SIGTERM to the group, twice"),
         ("kafka-python", "thread", "SIGINT to the group"),
         ("confluent", "thread", "SIGINT to the group, twice"),

@@ -84,7 +84,7 @@ def test_replay_range_errors_exit_2_and_say_what_the_help_says() -> None:
 def test_replay_takes_bootstrap_from_the_environment() -> None:
     """Honoured (not 'give --bootstrap', exit 2): it fails reaching that broker, exit 1."""
     out = streamer(
-        "replay", "--from", "earliest", "--to", "latest",
+        "replay", "--from", "earliest", "--to", "latest", "--broker-wait-seconds", "3",
         env={"STREAMER_BOOTSTRAP": "127.0.0.1:1"}, timeout=240,
     )  # fmt: skip
     assert out.returncode == 1, out.stderr[-2000:]
