@@ -338,7 +338,8 @@ class ShardRouter(ShardHooks):
                 and self._owner.get(p, shard_index) == shard_index
             }
             first = False
-            if uncommitted and self.roll_back_on_lost:
+            # A deleted topic's partitions are lost to no other member: nothing to undo.
+            if uncommitted and self.roll_back_on_lost and not self.topic_missing:
                 first = self.rollback is None
                 if first:
                     self.rollback = Rollback(sorted(uncommitted), dict(trained))
@@ -406,6 +407,10 @@ class ShardRouter(ShardHooks):
                 self._mine.clear()
                 self._forced.clear()
                 self._reasons.clear()
+            if missing and self.rollback is not None:
+                # Its records are gone with it: no other member trains them, nothing to undo.
+                log.info("topic %r is missing: no rollback for its lost partitions", self.topic)
+                self.rollback = None
 
     def on_group_committed(self, shard_index: int, offsets: dict[int, int]) -> None:
         if self.metrics is not None:
