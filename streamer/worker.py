@@ -903,7 +903,12 @@ class Worker(Lifecycle):
                 committer.commit(committer.done_points(), self.step)
         finally:
             self.source.end_pass()  # its pending commits reach the group first
-            if self.source.rollback is not None and self.checkpointer is not None:
+            lease_lost = self.lease is not None and self.lease.lost is not None
+            if (
+                self.source.rollback is not None
+                and self.checkpointer is not None
+                and not lease_lost
+            ):
                 self._roll_back()
             if self.summaries is not None:
                 self.summaries.flush()
