@@ -188,6 +188,9 @@ def test_simulate_tells_the_truth_off_a_terminal_and_on_ctrl_c(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C's default action, also where the suite runs as a background job of a script
+        # (``cmd &`` ignores SIGINT, and the child would inherit that).
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         # Past the first 10 s progress line, counted from the first record (start-up, the
