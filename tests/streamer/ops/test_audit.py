@@ -27,3 +27,21 @@ def test_a_file_in_the_way_of_the_folder_names_the_setting(tmp_path: Path) -> No
     with pytest.raises(ConfigError, match=r"audit_log.*pick another path") as info:
         AuditLog(str(tmp_path / "runs" / "audit.csv"), "samples")
     assert info.value.exit_code == 2
+
+
+def test_a_rollback_cuts_the_log_back_to_a_checkpoints_size(tmp_path: Path) -> None:
+    """Lines after the checkpoint gone back to are dropped; later lines follow on."""
+    path = tmp_path / "audit.csv"
+    path.write_text("samples,0,1\n", encoding="ascii")  # an earlier run's line
+    log = AuditLog(str(path), "samples")
+    assert log.synced == len("samples,0,1\n")
+    log.add(np.array([0, 0]), np.array([2, 3]))
+    log.flush()  # a checkpoint
+    at_checkpoint = log.synced
+    log.add(np.array([1, 1, 1]), np.array([8, 9, 10]))
+    assert log.truncate(at_checkpoint) == 3
+    log.add(np.array([1]), np.array([8]))
+    log.close()
+    assert path.read_text(encoding="ascii") == (
+        "samples,0,1\nsamples,0,2\nsamples,0,3\nsamples,1,8\n"
+    )
