@@ -97,6 +97,9 @@ class ShardRouter(ShardHooks):
         #: Revocations that committed (a planned move: what was trained, outside any
         #: checkpoint): the worker checkpoints at its next step, so it has one to go back to.
         self.revoke_commits = 0
+        #: What the worker asked to commit, per partition (the highest): with checkpoints,
+        #: offsets a checkpoint holds; a revocation at or below them commits nothing new.
+        self._asked: dict[int, int] = {}
         #: Called (once) when a rollback is asked for: the source ends its pass.
         self.on_rollback: Callable[[], None] | None = None
         self.handover: HandOver | None = None
@@ -201,6 +204,9 @@ class ShardRouter(ShardHooks):
     def commit(self, points: dict[int, int]) -> None:
         """Each partition's point to the shard that owns it now; a partition between owners (a
         rebalance under way) is sent again next time, and shards drop what is committed."""
+        with self._lock:
+            for p, o in points.items():
+                self._asked[p] = max(o, self._asked.get(p, o))
         for shard in self.shards():
             owned = shard.assigned
             mine = {p: o for p, o in points.items() if p in owned}
@@ -319,8 +325,9 @@ class ShardRouter(ShardHooks):
         points = self._forget(shard_index, partitions, "revoked")
         if self.rollback is not None:
             return {}  # what was trained since the checkpoint is undone: nothing to commit
-        if points:
-            self.revoke_commits += 1
+        with self._lock:
+            if any(o > self._asked.get(p, -1) for p, o in points.items()):
+                self.revoke_commits += 1  # past what the worker committed (and checkpointed)
         return points
 
     def on_lost(self, shard_index: int, partitions: list[int]) -> None:

@@ -192,3 +192,17 @@ def test_a_rollback_to_the_start_applies_the_operators_start_again() -> None:
     router.take_all()
     router.roll_back({0: 5}, to_start=True)
     assert router.on_assigned(0, [0], {0: GroupCommit(500, "streamer-worker a")}) == {0: 5}
+
+
+def test_only_a_revocation_past_what_the_worker_committed_counts_for_a_checkpoint() -> None:
+    tracker = OffsetTracker()
+    router = ShardRouter("t", tracker)
+    router.on_assigned(0, [0, 1], {})
+    _trained(tracker, 0, [0, 1, 2])
+    _trained(tracker, 1, [0, 1])
+    router.commit({0: 3, 1: 2})  # after a checkpoint that holds them
+    assert router.on_revoked(0, [0]) == {0: 3}
+    assert router.revoke_commits == 0  # nothing past the checkpoint: no new one needed
+    _trained(tracker, 1, [2, 3])
+    assert router.on_revoked(0, [1]) == {1: 4}
+    assert router.revoke_commits == 1
