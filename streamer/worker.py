@@ -823,7 +823,7 @@ class Worker(Lifecycle):
             path = self.checkpointer.write_copy(prefix, self.step, positions)
         audit = self.audit.synced if self.audit is not None else 0
         self.rollback_points.add(RollbackPoint(path, self.step, positions, audit, start=True))
-        self.source.router.roll_back_on_lost = True
+        self.source.roll_back_on_lost()
 
     def _roll_back(self) -> None:
         """Partitions were lost with records trained here and not committed: their next
@@ -836,7 +836,7 @@ class Worker(Lifecycle):
         committed = source.committed()
         target = self.rollback_points.target(committed)
         if target is None:
-            source.router.keep_trained()
+            source.keep_trained()
             log.warning(
                 "partitions %s were lost with records trained here and not committed, and "
                 "no checkpoint is at or past every commit of this run (a partition was "

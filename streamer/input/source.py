@@ -521,6 +521,15 @@ class StreamSource:
         """After the pass ended: the worker went back to a checkpoint with these positions."""
         self.router.roll_back(positions, to_start=to_start)
 
+    def keep_trained(self) -> None:
+        """After the pass ended: the worker could not go back; what was trained is kept."""
+        self.router.keep_trained()
+
+    def roll_back_on_lost(self) -> None:
+        """From now on a lost partition trained past its commit asks for a rollback (the
+        worker has a checkpoint to go back to)."""
+        self.router.roll_back_on_lost = True
+
     def committed(self) -> dict[int, int]:
         """This source's successful commits this run (the highest offset per partition)."""
         return self.router.committed()
