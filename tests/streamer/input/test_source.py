@@ -447,3 +447,41 @@ def test_a_pass_end_reads_its_pipeline_out_and_never_waits_past_its_bound() -> N
     while len(gone) < 2 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert gone == ["quick:0", "stuck:0"]
+
+
+def test_a_pass_end_does_not_warn_when_only_the_release_of_a_run_out_pipeline_is_slow(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A pipeline that ran out but whose deletion waits (tf.data joining its own threads on a
+    starved machine) ends the pass in time: True, and no warning; the release goes on."""
+    import logging
+    import threading
+    import time
+
+    from streamer.input.source import end_iterator
+
+    release = threading.Event()
+    freed: list[int] = []
+
+    class SlowToFree:
+        def __iter__(self) -> SlowToFree:
+            return self
+
+        def __next__(self) -> int:
+            raise StopIteration
+
+        def __del__(self) -> None:
+            release.wait(30)
+            freed.append(1)
+
+    t0 = time.monotonic()
+    with caplog.at_level(logging.DEBUG, logger="streamer.source"):
+        assert end_iterator([SlowToFree()], lambda: None, seconds=0.5)
+    assert 0.4 < time.monotonic() - t0 < 3.0 and freed == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "releases it behind" in caplog.text
+    release.set()
+    deadline = time.monotonic() + 5
+    while not freed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert freed == [1]
