@@ -20,6 +20,7 @@ import numpy as np
 
 from consumers.settings import ConsumerSettings, KafkaClient, SecuritySettings
 from streamer.ops.cost import Cost, CostMeter, ceiling, warm_up
+from streamer.stopping import StopReason
 
 if TYPE_CHECKING:
     from streamer.cli.config import WorkerConfig
@@ -726,7 +727,7 @@ def bench_freshness(
     # the end of the pass (the idle timeout), which no live stream has.
     assert worker.metrics is not None
     out = _age_quantiles(worker.metrics.registry, (0.5, 0.9, 0.99))
-    worker.request_stop("the freshness run is over")
+    worker.request_stop(StopReason.requested("the freshness run is over"))
     runner.join(120)
     out["rate"] = rate
     return out

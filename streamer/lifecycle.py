@@ -27,6 +27,7 @@ from streamer.ops.health import Health, MetricsServer
 from streamer.ops.metrics import Metrics
 from streamer.ops.signals import SignalWatch, StopOnSignal
 from streamer.ops.status import StatusLine
+from streamer.stopping import StopReason
 from streamer.train.nonfinite import NonFiniteSteps, describe_offsets
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ class Lifecycle:
         self.status: StatusLine | None = None
         self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
         self._stopping = threading.Event()
-        self._stop_reason: str | None = None
+        self._stop_reason: StopReason | None = None
         self._finished = threading.Event()
         self._signal_stop = StopOnSignal(
             plan=self.stop_plan,
@@ -76,7 +77,7 @@ class Lifecycle:
 
     # ---- stopping -----------------------------------------------------------------------------
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: StopReason) -> None:
         """Stop soon (the first reason is the one reported)."""
         if self._stop_reason is None:
             self._stop_reason = reason

@@ -38,6 +38,7 @@ from streamer.runtime import (
     serve_metrics,
     stream_start,
 )
+from streamer.stopping import StopKind, StopReason
 from streamer.train.checkpoint import Checkpointer
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import Exporter, serving_inputs
@@ -340,7 +341,7 @@ class Worker(Lifecycle):
             if self.source.reject_limit is not None:
                 raise self.source.reject_limit  # after a commit that stays below them
             if exhausted and self.source.finished:
-                self.request_stop("the replay range is trained")
+                self.request_stop(StopReason.replay_trained())
             if cfg.stop_after_idle is not None and (
                 time.monotonic() - self._last_data >= cfg.stop_after_idle
                 or (
@@ -383,13 +384,13 @@ class Worker(Lifecycle):
             return
         if lag and self._idle_grace_until is not None and now < self._idle_grace_until:
             return
-        reason = f"idle for {idle_seconds:g}s"
+        more = ""
         if lag:
-            reason += (
+            more = (
                 f"; the group still has {sum(lag.values())} records not trained on partitions "
                 f"{sorted(lag)}, owned by no member here"
             )
-        self.request_stop(reason)
+        self.request_stop(StopReason.idle(idle_seconds, more))
 
     def _group_lag_elsewhere(self) -> dict[int, int]:
         """The group's lag per partition, between passes (this worker owns none then: what
@@ -588,7 +589,7 @@ class Worker(Lifecycle):
         self.committer.after_step(self.step)
         cfg = self.config
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
-            self.request_stop(f"--max-steps {cfg.max_steps}")
+            self.request_stop(StopReason.max_steps(cfg.max_steps))
 
     def _keep_in_flight(self, step: _InFlight) -> bool:
         """Leave ``step`` unsettled while the next batch is read: only where the device runs
@@ -633,7 +634,7 @@ class Worker(Lifecycle):
         self._after_step(n, wait)
         cfg = self.config
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
-            self.request_stop(f"--max-steps {cfg.max_steps}")
+            self.request_stop(StopReason.max_steps(cfg.max_steps))
 
     def _skipped(self, partition: np.ndarray, offset: np.ndarray) -> None:
         """A step was not applied (not finite): its records wait (``Lifecycle.skipped_step``);
@@ -661,8 +662,12 @@ class Worker(Lifecycle):
         stop as a pass begins would otherwise open its shards only to close them)."""
         if self.source.reject_limit is not None or not trained:
             return False
-        reason = self._stop_reason or ""
-        if reason.startswith("--max-steps") and not self.config.shuffle_buffer:
+        reason = self._stop_reason
+        if (
+            reason is not None
+            and reason.kind is StopKind.MAX_STEPS
+            and not self.config.shuffle_buffer
+        ):
             return False
         return drain_until is None or time.monotonic() < drain_until
 

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from consumers.errors import ConfigError
 from consumers.settings import valid_port
+from streamer.stopping import StopReason
 
 __all__ = [
     "Control",
@@ -255,7 +256,7 @@ class RoundDecision:
 
     train: bool  # a row is real somewhere: step (else an idle round, no weight changes)
     global_rows: int
-    stop: str | None  # why the cluster stops after this round (None: go on)
+    stop: StopReason | None  # why the cluster stops after this round (None: go on)
     checkpoint: bool
     drain: bool = False  # a stop was asked: from the next round on, train what was read, stop
 
@@ -268,7 +269,7 @@ def decide(
     last_checkpoint_step: int,
     checkpoint_every_steps: int | None,
     max_steps: int | None,
-    stopping_here: str | None,
+    stopping_here: StopReason | None,
     stop_after_idle: float | None,
     draining: bool = False,
 ) -> RoundDecision:
@@ -288,31 +289,31 @@ def decide(
     >>> d = decide(s, **kw); d.drain, d.stop
     (True, None)
     >>> d = decide(s + 2 * Control.local(real=0, stop=False, done=True, checkpoint=False,
-    ...            full=False, loss_sum=0), draining=True, **kw); d.stop, d.checkpoint
+    ...            full=False, loss_sum=0), draining=True, **kw); str(d.stop), d.checkpoint
     ('another worker was stopped', True)
 
     >>> c = Control.local(real=0, stop=False, done=True, checkpoint=False, full=False, loss_sum=0)
     >>> d = decide(2 * c, workers=2, step=7, last_checkpoint_step=5, checkpoint_every_steps=100,
     ...            max_steps=None, stopping_here=None, stop_after_idle=5.0)
-    >>> d.train, d.stop, d.checkpoint
+    >>> d.train, str(d.stop), d.checkpoint
     (False, 'idle for 5s', True)
     """
     vec = np.asarray(ctrl, dtype=np.float64)
     rows = round(float(vec[Control.REAL]))
-    stop: str | None = None
+    stop: StopReason | None = None
     drain = False
     all_done = round(float(vec[Control.DONE])) >= workers
     if vec[Control.STOP] > 0:
         if draining and all_done:
-            stop = stopping_here or "another worker was stopped"
+            stop = stopping_here or StopReason.peer()
         drain = not draining
     elif max_steps is not None and step >= max_steps:
-        stop = f"--max-steps {max_steps}"
+        stop = StopReason.max_steps(max_steps)
     elif all_done:
         stop = (
-            f"idle for {stop_after_idle:g}s"
+            StopReason.idle(stop_after_idle)
             if stop_after_idle is not None
-            else "every worker's input ended"
+            else StopReason.input_ended()
         )
     moved = step != last_checkpoint_step
     due = vec[Control.CHECKPOINT] > 0 or (

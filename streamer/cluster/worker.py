@@ -58,6 +58,7 @@ from streamer.runtime import (
     serve_metrics,
     stream_start,
 )
+from streamer.stopping import StopKind, StopReason
 from streamer.train.checkpoint import Checkpointer
 from streamer.train.model import load_model
 
@@ -379,7 +380,7 @@ class DistributedWorker(Lifecycle):
             self.status.maybe(self.step, self.loss, final=True)
             self.status.end()
         log.info("stopped (%s) at step %d", reason, self.step)
-        return cfg.peer_stop_exit_code if reason.startswith("another worker") else 0
+        return cfg.peer_stop_exit_code if reason.kind is StopKind.PEER else 0
 
     def _failed(self, exc: StreamerError) -> int:
         self.exit_now = True  # peers must not wait in a collective for this worker
@@ -404,13 +405,13 @@ class DistributedWorker(Lifecycle):
             return StreamerError(f"{self.topology.describe()}: training failed: {exc.message}")
         return PeerLostError(self.topology, lost_worker(exc.message, self.topology), exc.message)
 
-    def _loop(self) -> str:
+    def _loop(self) -> StopReason:
         try:
             return self._rounds()
         except tf.errors.OpError as exc:
             raise self._peer_lost(exc) from exc
 
-    def _rounds(self) -> str:
+    def _rounds(self) -> StopReason:
         cfg, topo, metrics = self.config, self.topology, self.metrics
         assert metrics is not None and self.source is not None
         status = self.new_status()
@@ -455,7 +456,7 @@ class DistributedWorker(Lifecycle):
                 and now - self._last_checkpoint[1] >= cfg.checkpoint_every_seconds
             )
             if self.source.reject_limit is not None and not self._stopping.is_set():
-                self.request_stop("the reject breaker tripped")
+                self.request_stop(StopReason.reject_breaker())
             stop_here = self._stopping.is_set()  # what this worker says, and why, once
             ctrl = self.steps.sync(
                 Control.local(

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from streamer.stopping import StopReason
+
 __all__ = ["GRACE_S", "SignalWatch", "StopOnSignal"]
 
 
@@ -33,15 +35,15 @@ class StopOnSignal:
     >>> answer = StopOnSignal(plan="p", stop=stops.append, finished=done,
     ...                       timeout=30, log=logging.getLogger("x"))
     >>> answer(signal.SIGINT); answer(signal.SIGINT)        # one Ctrl-C, seen twice
-    >>> stops
-    ['signal SIGINT']
+    >>> [str(s) for s in stops], stops[0].kind
+    (['signal SIGINT'], <StopKind.SIGNAL: 'signal'>)
     """
 
     def __init__(
         self,
         *,
         plan: str,
-        stop: Callable[[str], None],
+        stop: Callable[[StopReason], None],
         finished: threading.Event,
         timeout: float,
         log: logging.Logger,
@@ -72,7 +74,7 @@ class StopOnSignal:
             os._exit(128 + signum)
         self.first_at = now
         self.log.info("%s: %s", name, self.plan)
-        self.stop(f"signal {name}")
+        self.stop(StopReason.signal(name))
         timeout, finished, log = self.timeout, self.finished, self.log
 
         def watchdog() -> None:

@@ -10,6 +10,7 @@ import io
 import pytest
 
 from streamer.cli.config import load_config
+from streamer.stopping import StopReason
 from streamer.worker import Worker
 
 
@@ -26,7 +27,7 @@ def _worker(lags: list[dict[int, int]]) -> Worker:
 def test_no_lag_elsewhere_stops_at_once() -> None:
     worker = _worker([{}])
     worker._stop_when_idle(8)
-    assert worker._stopping.is_set() and worker._stop_reason == "idle for 8s"
+    assert worker._stopping.is_set() and worker._stop_reason == StopReason.idle(8)
 
 
 def test_lag_on_a_stopped_members_partitions_waits_once_then_says_so(
@@ -44,7 +45,12 @@ def test_lag_on_a_stopped_members_partitions_waits_once_then_says_so(
     clock[0] += 10
     worker._stop_when_idle(8)  # past it: stop, naming what is left
     assert worker._stopping.is_set()
-    assert worker._stop_reason == (
+    assert worker._stop_reason == StopReason.idle(
+        8,
+        "; the group still has 5379 records not trained on partitions [1, 3], "
+        "owned by no member here",
+    )
+    assert str(worker._stop_reason) == (
         "idle for 8s; the group still has 5379 records not trained on partitions [1, 3], "
         "owned by no member here"
     )
@@ -55,4 +61,4 @@ def test_the_lag_taken_over_meanwhile_stops_plainly() -> None:
     worker._stop_when_idle(8)
     assert not worker._stopping.is_set()
     worker._stop_when_idle(8)  # the partitions came here and were trained
-    assert worker._stop_reason == "idle for 8s"
+    assert worker._stop_reason == StopReason.idle(8)

@@ -16,6 +16,7 @@ from consumers.errors import ConfigError, ModelDivergedError, StreamerError
 from streamer.cli.config import load_config
 from streamer.lifecycle import Lifecycle
 from streamer.ops.metrics import Metrics
+from streamer.stopping import StopReason
 
 
 def _metrics() -> Metrics:
@@ -73,9 +74,10 @@ def test_an_unexpected_error_propagates_after_the_shutdown() -> None:
 
 def test_the_first_stop_reason_is_the_one_reported() -> None:
     loop = Loop(lambda lp: 0)
-    loop.request_stop("signal SIGTERM")
-    loop.request_stop("idle")
-    assert loop._stop_reason == "signal SIGTERM" and loop.stops == ["signal SIGTERM"] * 2
+    loop.request_stop(StopReason.signal("SIGTERM"))
+    loop.request_stop(StopReason.idle(8))
+    assert loop._stop_reason == StopReason.signal("SIGTERM")
+    assert loop.stops == ["signal SIGTERM"] * 2
 
 
 def test_a_sigterm_is_a_stop_request_its_late_copy_is_ignored_and_a_later_one_is_passed_on() -> (
@@ -95,7 +97,7 @@ def test_a_sigterm_is_a_stop_request_its_late_copy_is_ignored_and_a_later_one_is
         loop = Loop(body)
         assert threading.current_thread() is threading.main_thread()
         assert loop.run() == 0
-        assert loop._stop_reason == "signal SIGTERM" and seen == []
+        assert loop._stop_reason == StopReason.signal("SIGTERM") and seen == []
         os.kill(os.getpid(), signal.SIGTERM)  # a late copy (a group signal sent twice)
         time.sleep(0.2)
         assert seen == []

@@ -38,6 +38,7 @@ from streamer.cluster.topology import (
 from streamer.decode.ragged import RaggedColumn
 from streamer.decode.schema import Schema
 from streamer.input.simulator import SimulatorTask
+from streamer.stopping import StopReason
 from tests.workerutil import (
     ROOT,
     WorkerProcess,
@@ -142,23 +143,25 @@ def test_round_decisions_are_functions_of_the_all_reduced_vector() -> None:
     # One worker idle for --stop-after-idle: the cluster goes on; both idle: it stops.
     assert d(_ctrl(done=True) + _ctrl(real=3), stop_after_idle=5.0).stop is None  # type: ignore[attr-defined]
     both = d(_ctrl(done=True) + _ctrl(done=True), stop_after_idle=5.0)
-    assert both.stop == "idle for 5s" and both.checkpoint  # type: ignore[attr-defined]
+    assert both.stop == StopReason.idle(5) and both.checkpoint  # type: ignore[attr-defined]
     # A stop asked of one worker: every worker drains first (stops reading, trains what it
     # read) until all report done; the others read who stopped them; a checkpoint first.
     stop = _ctrl(stop=True) + _ctrl()
-    first = d(stop, stopping_here="signal SIGTERM")
+    first = d(stop, stopping_here=StopReason.signal("SIGTERM"))
     assert (first.drain, first.stop, first.checkpoint) == (True, None, False)  # type: ignore[attr-defined]
     half = _ctrl(stop=True, done=True) + _ctrl(real=64)
     assert (d(half, draining=True).drain, d(half, draining=True).stop) == (False, None)  # type: ignore[attr-defined]
     stop = _ctrl(stop=True, done=True) + _ctrl(done=True)
-    assert d(stop, stopping_here="signal SIGTERM", draining=True).stop == "signal SIGTERM"  # type: ignore[attr-defined]
-    assert d(stop, draining=True).stop == "another worker was stopped"  # type: ignore[attr-defined]
+    assert d(
+        stop, stopping_here=StopReason.signal("SIGTERM"), draining=True
+    ).stop == StopReason.signal("SIGTERM")  # type: ignore[attr-defined]
+    assert d(stop, draining=True).stop == StopReason.peer()  # type: ignore[attr-defined]
     assert d(stop, draining=True).checkpoint  # type: ignore[attr-defined]
     # No checkpoint when the step did not move since the last one, even at a stop.
     assert not d(stop, last_checkpoint_step=10, draining=True).checkpoint  # type: ignore[attr-defined]
     assert d(_ctrl(checkpoint=True) + _ctrl()).checkpoint  # type: ignore[attr-defined]
     assert d(_ctrl(), step=100).checkpoint  # type: ignore[attr-defined]
-    assert d(_ctrl(), max_steps=10).stop == "--max-steps 10"  # type: ignore[attr-defined]
+    assert d(_ctrl(), max_steps=10).stop == StopReason.max_steps(10)  # type: ignore[attr-defined]
 
 
 def test_a_quiet_worker_never_holds_up_one_with_records() -> None:

@@ -27,6 +27,7 @@ from streamer.cluster.topology import (
     topology_from,
     worker_partitions,
 )
+from streamer.stopping import StopReason
 
 
 def _topology(env: dict[str, str], **kw: Any) -> Topology:
@@ -292,24 +293,24 @@ def test_the_global_rows_are_rounded_from_the_float_sum() -> None:
 
 def test_max_steps_stops_at_and_past_the_limit_before_the_idle_stop() -> None:
     both_done = _ctrl(done=True) + _ctrl(done=True)
-    assert _decide(both_done, step=11, max_steps=10).stop == "--max-steps 10"
+    assert _decide(both_done, step=11, max_steps=10).stop == StopReason.max_steps(10)
     assert _decide(_ctrl(), step=9, max_steps=10).stop is None
 
 
 def test_every_input_ended_without_an_idle_limit_says_so() -> None:
     r = _decide(_ctrl(done=True) + _ctrl(done=True))
-    assert r.stop == "every worker's input ended" and r.checkpoint
-    assert _decide(_ctrl(done=True) * 2, stop_after_idle=2.5).stop == "idle for 2.5s"
+    assert r.stop == StopReason.input_ended() and r.checkpoint
+    assert _decide(_ctrl(done=True) * 2, stop_after_idle=2.5).stop == StopReason.idle(2.5)
 
 
 def test_a_stop_request_first_drains_even_when_every_input_is_done() -> None:
     """The round that first sees a stop drains (trains what was read) instead of stopping,
     whatever the DONE count; draining rounds never ask to drain again."""
     ctrl = _ctrl(stop=True, done=True) + _ctrl(done=True)
-    first = _decide(ctrl, stopping_here="signal SIGTERM")
+    first = _decide(ctrl, stopping_here=StopReason.signal("SIGTERM"))
     assert (first.drain, first.stop) == (True, None)
-    later = _decide(ctrl, stopping_here="signal SIGTERM", draining=True)
-    assert (later.drain, later.stop) == (False, "signal SIGTERM")
+    later = _decide(ctrl, stopping_here=StopReason.signal("SIGTERM"), draining=True)
+    assert (later.drain, later.stop) == (False, StopReason.signal("SIGTERM"))
     # The stop request also wins over --max-steps.
     assert _decide(ctrl, step=50, max_steps=10).stop is None
 
