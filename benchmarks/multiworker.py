@@ -114,7 +114,7 @@ def kill(bootstrap: str, victim: int, rounds: int) -> None:
         dead.proc.wait(10)
         line = next((x for x in survivor.log().splitlines() if "lost worker" in x), "")
         print(f"kill -9 of worker {victim}: the other exited {code} after {took:.1f}s: "
-              f"{line.partition('ERROR streamer.worker: ')[2][:140]}", flush=True)  # fmt: skip
+              f"{line.partition(' ERROR ')[2].partition(': ')[2][:140]}", flush=True)  # fmt: skip
 
 
 def main() -> None:

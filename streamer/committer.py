@@ -28,7 +28,7 @@ from streamer.ops.metrics import Metrics
 
 __all__ = ["CommitSchedule", "Committer", "Save"]
 
-log = logging.getLogger("streamer.worker")
+log = logging.getLogger(__name__)
 
 #: Saves a checkpoint of ``step`` with ``offsets``; returns the offsets to commit afterwards
 #: (a cluster worker: its own partitions of the all-reduced ones), or None when the save

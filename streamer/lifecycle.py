@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Lifecycle"]
 
-log = logging.getLogger("streamer.worker")
+log = logging.getLogger(__name__)
 
 
 class Lifecycle:

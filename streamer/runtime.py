@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["choose_decoder", "dead_letter_writer", "new_metrics", "serve_metrics", "stream_start"]
 
-log = logging.getLogger("streamer.worker")
+log = logging.getLogger(__name__)
 
 
 def new_metrics(config: WorkerConfig, *, workers: int = 1) -> Metrics:

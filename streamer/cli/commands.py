@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-log = logging.getLogger("streamer")
+log = logging.getLogger(__name__)
 
 #: The options of ``streamer run`` that say how to reach and log in to Kafka: every command
 #: that talks to Kafka takes them, from flags, STREAMER_* and --config alike.

@@ -38,7 +38,7 @@ __all__ = [
     "write_marker",
 ]
 
-log = logging.getLogger("streamer.replay")
+log = logging.getLogger(__name__)
 
 #: What ``--from`` and ``--to`` accept, word for word as their help and their errors say it.
 RANGE_FORMS = (

@@ -27,7 +27,7 @@ from streamer.ops.signals import GRACE_S
 
 __all__ = ["launch", "worker_argv"]
 
-log = logging.getLogger("streamer.launch")
+log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9464
 

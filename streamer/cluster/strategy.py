@@ -39,7 +39,7 @@ __all__ = [
     "weights_digest",
 ]
 
-log = logging.getLogger("streamer.mwms")
+log = logging.getLogger(__name__)
 
 
 def make_strategy(topology: Topology) -> tf.distribute.MultiWorkerMirroredStrategy:

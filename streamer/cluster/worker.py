@@ -64,7 +64,7 @@ from streamer.train.model import load_model
 
 __all__ = ["DistributedWorker", "PeerLostError", "check_config"]
 
-log = logging.getLogger("streamer.worker")
+log = logging.getLogger(__name__)
 
 #: Decoded blocks buffered between the input pipeline's reader thread and the batcher.
 _QUEUE_BLOCKS = 8

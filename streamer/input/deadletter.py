@@ -29,7 +29,7 @@ __all__ = [
     "DeadLetterWriter",
 ]
 
-log = logging.getLogger("streamer.deadletter")
+log = logging.getLogger(__name__)
 
 HEADER_TOPIC = "streamer.input.source.topic"
 HEADER_PARTITION = "streamer.input.source.partition"

@@ -32,7 +32,7 @@ import tensorflow as tf
 
 __all__ = ["EPOCH", "EpochTable", "HandOver"]
 
-log = logging.getLogger("streamer.handover")
+log = logging.getLogger(__name__)
 
 #: Partitions 0 .. CAPACITY-1 are filtered (Kafka topics stay far below); rows of a higher
 #: partition pass unfiltered.

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 __all__ = ["BrokerProbe"]
 
-log = logging.getLogger("streamer.probe")
+log = logging.getLogger(__name__)
 
 
 class BrokerProbe:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Rejects"]
 
-log = logging.getLogger("streamer.rejects")
+log = logging.getLogger(__name__)
 
 
 class Rejects:

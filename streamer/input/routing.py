@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Rollback", "ShardRouter"]
 
-log = logging.getLogger("streamer.routing")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -30,7 +30,7 @@ __all__ = [
     "task_named",
 ]
 
-log = logging.getLogger("streamer.simulator")
+log = logging.getLogger(__name__)
 
 _PAD_KEY = "pad"
 

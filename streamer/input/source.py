@@ -53,7 +53,7 @@ __all__ = [
     "resolve_start",
 ]
 
-log = logging.getLogger("streamer.source")
+log = logging.getLogger(__name__)
 
 
 ShardFactory = Callable[[int, int, ShardHooks], ShardLike]

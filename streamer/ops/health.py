@@ -21,7 +21,7 @@ from consumers.errors import ConfigError
 
 __all__ = ["DEFAULT_STALE_AFTER_SECONDS", "Health", "MetricsServer"]
 
-_log = logging.getLogger("streamer.health")
+_log = logging.getLogger(__name__)
 
 DEFAULT_STALE_AFTER_SECONDS = 120.0
 

@@ -34,7 +34,7 @@ __all__ = [
     "RebalanceEvent",
 ]
 
-_log = logging.getLogger("streamer.metrics")
+_log = logging.getLogger(__name__)
 
 NAMESPACE: Final = "streamer"
 

@@ -19,7 +19,7 @@ from streamer.ops.metrics import Metrics
 
 __all__ = ["IDLE_WAIT_S", "LiveLineHandler", "StatusLine"]
 
-log = logging.getLogger("streamer.worker")  # the progress lines keep their logger name
+log = logging.getLogger(__name__)
 
 #: A wait for input this long or longer is idle time, not training time.
 IDLE_WAIT_S = 1.0

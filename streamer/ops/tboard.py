@@ -19,7 +19,7 @@ from tensorflow.core.framework import summary_pb2
 
 __all__ = ["ProfileWindow", "TrainingSummaries"]
 
-log = logging.getLogger("streamer.tboard")
+log = logging.getLogger(__name__)
 
 _SCALAR_METADATA = summary_pb2.SummaryMetadata(
     plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),

@@ -13,7 +13,7 @@ from streamer.train.trainer import check_finite_weights
 
 __all__ = ["Checkpointer"]
 
-log = logging.getLogger("streamer.checkpoint")
+log = logging.getLogger(__name__)
 
 
 class Checkpointer:

@@ -36,7 +36,7 @@ from streamer.train.trainer import Trainer
 
 __all__ = ["EvalResult", "Evaluator", "eval_consumer_settings"]
 
-log = logging.getLogger("streamer.evaluate")
+log = logging.getLogger(__name__)
 
 
 def eval_consumer_settings(

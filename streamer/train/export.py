@@ -50,7 +50,7 @@ from streamer.train.trainer import check_finite_weights
 
 __all__ = ["INFO_FILE", "Exporter", "read_info", "serving_inputs"]
 
-log = logging.getLogger("streamer.export")
+log = logging.getLogger(__name__)
 
 INFO_FILE = os.path.join("assets.extra", "streamer.json")
 _TMP_PREFIX = ".streamer-tmp-"

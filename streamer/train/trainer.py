@@ -47,7 +47,7 @@ __all__ = [
     "nonfinite_variables",
 ]
 
-log = logging.getLogger("streamer.train")
+log = logging.getLogger(__name__)
 
 
 def choose_strategy() -> tf.distribute.Strategy:

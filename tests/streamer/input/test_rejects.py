@@ -55,7 +55,7 @@ def test_without_a_dead_letter_topic_rejects_are_done_at_once(
     tracker = _registered(4)
     rejects = Rejects("t", tracker)
     values, partition, offset = _block(4)
-    with caplog.at_level(logging.WARNING, logger="streamer.rejects"):
+    with caplog.at_level(logging.WARNING, logger="streamer.input.rejects"):
         rejects.handle(values, partition, offset, [(0, "shape"), (1, "format")])
     assert rejects.count == 2
     assert tracker.commit_points() == {0: 2}  # rows 2 and 3 are still in flight
@@ -81,7 +81,7 @@ def test_a_tripped_breaker_holds_them_neither_dead_lettered_nor_done(
     tracker, letters = _registered(2), Letters()
     rejects = Rejects("t", tracker, letters, explain=lambda v: "shape: x expected [8]")  # type: ignore[arg-type]
     values, partition, offset = _block(2)
-    with caplog.at_level(logging.WARNING, logger="streamer.rejects"):
+    with caplog.at_level(logging.WARNING, logger="streamer.input.rejects"):
         rejects.handle(values, partition, offset, [(0, "shape"), (1, "shape")], hold=True)
     assert letters.sent == [] and rejects.count == 2
     assert tracker.commit_points() == {0: 0}
@@ -103,7 +103,7 @@ def test_log_lines_are_rate_limited_but_every_reject_is_counted_and_handled(
 
     rejects = Rejects("t", tracker, log_per_second=5.0, clock=clock, explain=explain)
     values, partition, offset = _block(100)
-    with caplog.at_level(logging.WARNING, logger="streamer.rejects"):
+    with caplog.at_level(logging.WARNING, logger="streamer.input.rejects"):
         rejects.handle(values, partition, offset, [(i, "format") for i in range(50)])
         assert len(caplog.records) == 5  # the bucket holds 5
         clock.now += 1.0  # refills at 5 per second

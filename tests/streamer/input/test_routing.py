@@ -175,7 +175,7 @@ def test_a_lost_partition_without_checkpoints_only_warns(caplog: pytest.LogCaptu
     router = ShardRouter("t", tracker)
     router.on_assigned(0, [0], {0: GroupCommit(10, "streamer-worker a")})
     _trained(tracker, 0, [10, 11])
-    with caplog.at_level(logging.WARNING, "streamer.routing"):
+    with caplog.at_level(logging.WARNING, "streamer.input.routing"):
         router.on_lost(0, [0])
     assert router.rollback is None
     assert "their next owner trains those again" in caplog.text

@@ -475,7 +475,7 @@ def test_a_pass_end_does_not_warn_when_only_the_release_of_a_run_out_pipeline_is
             freed.append(1)
 
     t0 = time.monotonic()
-    with caplog.at_level(logging.DEBUG, logger="streamer.source"):
+    with caplog.at_level(logging.DEBUG, logger="streamer.input.source"):
         assert end_iterator([SlowToFree()], lambda: None, seconds=0.5)
     assert 0.4 < time.monotonic() - t0 < 3.0 and freed == []
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]

@@ -45,7 +45,7 @@ def test_the_rate_leaves_idle_waits_out_and_the_final_frame_is_the_run_average(
 ) -> None:
     snap, clock = Snapshot(), Clock()
     line = StatusLine(io.StringIO(), 10.0, snap, clock=clock)  # type: ignore[arg-type]
-    caplog.set_level(logging.INFO, logger="streamer.worker")
+    caplog.set_level(logging.INFO, logger="streamer.ops.status")
     line.maybe(1, 0.5)  # the first step is always shown
     clock.now += 10.0
     snap.values["samples_trained"] = 10_000.0
@@ -66,7 +66,7 @@ def test_the_rate_leaves_idle_waits_out_and_the_final_frame_is_the_run_average(
 def test_a_replays_lag_is_what_is_left_of_its_range(caplog: pytest.LogCaptureFixture) -> None:
     left = [300]
     line = StatusLine(io.StringIO(), 10.0, Snapshot(), clock=Clock(), lag=lambda: left[0])  # type: ignore[arg-type]
-    caplog.set_level(logging.INFO, logger="streamer.worker")
+    caplog.set_level(logging.INFO, logger="streamer.ops.status")
     line.maybe(1, 0.5)
     left[0] = 0
     line.maybe(2, 0.4, final=True)
@@ -94,7 +94,7 @@ def test_the_final_rate_leaves_start_up_and_shutdown_out_and_shows_the_lag_it_is
     one read before the shards closed (the partitions are gone by then)."""
     snap, clock = Snapshot(), Clock()
     line = StatusLine(io.StringIO(), 10.0, snap, clock=clock)  # type: ignore[arg-type]
-    caplog.set_level(logging.INFO, logger="streamer.worker")
+    caplog.set_level(logging.INFO, logger="streamer.ops.status")
     clock.now += 30.0
     line.waited(30.0)  # joining the group
     snap.values["samples_trained"] = 256.0
@@ -117,7 +117,7 @@ def test_the_compiled_metrics_follow_the_loss_on_every_frame(
     """As ``model.fit``'s progress bar shows them: the model's compiled metrics of the last
     window, on the log lines and on a terminal's line (the window's ``loss`` left out: the
     line shows the step's own)."""
-    caplog.set_level(logging.INFO, logger="streamer.worker")
+    caplog.set_level(logging.INFO, logger="streamer.ops.status")
     line = StatusLine(io.StringIO(), 10.0, Snapshot(), clock=Clock())  # type: ignore[arg-type]
     line.maybe(1, 0.5)
     line.show_metrics({"loss": 0.45, "mae": 0.125})
