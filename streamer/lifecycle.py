@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 
 class Lifecycle:
-    """The shared life of a worker; subclasses implement ``_build`` and ``_loop``.
+    """The shared life of a worker; subclasses implement ``_run`` (build, then loop).
 
     ``run()`` installs the signal answer (on the main thread), builds, runs the loop and
     returns the exit code (README: exit codes); whatever happens, ``_shutdown`` closes what

@@ -44,8 +44,7 @@ from streamer.cluster.topology import (
     worker_partitions,
 )
 from streamer.committer import CommitSchedule, Committer
-from streamer.decode.columns import flat_outputs, to_batch
-from streamer.decode.ragged import Column, RaggedColumn
+from streamer.decode.columns import flat_outputs, from_flat, to_batch
 from streamer.input.offsets import OffsetTracker
 from streamer.input.source import StreamSource, end_iterator
 from streamer.input.stream_position import StreamPosition
@@ -319,7 +318,7 @@ class DistributedWorker(Lifecycle):
                     if isinstance(cause, StreamerError):
                         raise cause from exc
                     raise PipelineError("the input pipeline", exc.message) from exc
-                self._put(self._columns(out))
+                self._put(from_flat(self.schema, [t.numpy() for t in out]))
         except BaseException as exc:
             self._put(exc)
         finally:
@@ -334,19 +333,6 @@ class DistributedWorker(Lifecycle):
                 return
             except queue.Full:
                 continue
-
-    def _columns(self, out: tuple[tf.Tensor, ...]) -> list[Column]:
-        arrays = [t.numpy() for t in out]
-        cols: list[Column] = []
-        at = 0
-        for f in self.schema.features:
-            if f.is_variable:
-                cols.append(RaggedColumn(arrays[at], arrays[at + 1]))
-                at += 2
-            else:
-                cols.append(arrays[at])
-                at += 1
-        return [*cols, *arrays[at:]]
 
     def _features(self, batch: Batch) -> dict[str, Any]:
         return to_batch(self.schema, [tf.constant(a) for a in flat_outputs(batch.columns)])

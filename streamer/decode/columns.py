@@ -17,7 +17,7 @@ from streamer.decode.feature import LENGTH_SUFFIX, Feature
 from streamer.decode.ragged import Column, RaggedColumn
 from streamer.decode.schema import Schema
 
-__all__ = ["METADATA_COLUMNS", "flat_outputs", "output_types", "to_batch"]
+__all__ = ["METADATA_COLUMNS", "flat_outputs", "from_flat", "output_types", "to_batch"]
 
 #: The columns the pipeline adds to every decoded block, after the features.
 METADATA_COLUMNS = ("partition", "offset", "timestamp")
@@ -44,6 +44,29 @@ def flat_outputs(columns: list[Column]) -> list[np.ndarray]:
         else:
             out.append(c)
     return out
+
+
+def from_flat(schema: Schema, arrays: list[np.ndarray]) -> list[Column]:
+    """The inverse of ``flat_outputs``: the numpy_function's arrays as columns (a
+    variable-length feature's two arrays as one ``RaggedColumn``), then the metadata.
+
+    >>> s = Schema.from_dict({"features": {"items": {"dtype": "int64", "shape": [-1]}}})
+    >>> cols = from_flat(s, [np.array([1, 2, 3]), np.array([2, 1]), np.array([0, 0])])
+    >>> type(cols[0]).__name__, [len(c) for c in cols[1:]]
+    ('RaggedColumn', [2])
+    >>> [a.tolist() for a in flat_outputs(cols)]
+    [[1, 2, 3], [2, 1], [0, 0]]
+    """
+    cols: list[Column] = []
+    at = 0
+    for f in schema.features:
+        if f.is_variable:
+            cols.append(RaggedColumn(arrays[at], arrays[at + 1]))
+            at += 2
+        else:
+            cols.append(arrays[at])
+            at += 1
+    return [*cols, *arrays[at:]]
 
 
 def to_batch(schema: Schema, outputs: list[tf.Tensor]) -> dict[str, Any]:

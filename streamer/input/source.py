@@ -275,7 +275,7 @@ class StreamSource:
         feature, a variable-length one as values and row lengths, then partition, offset,
         timestamp), with 0 rows for an idle tick (a shard that waits), so an iterator never
         blocks for long while the shards are up. For a caller that batches rows itself
-        (multi-worker training pads its batches: streamer/padding.py). Each iteration is one
+        (multi-worker training pads its batches: streamer/cluster/padding.py). Each iteration is one
         pass, as for ``dataset()``.
         """
         tout = output_types(self.schema)
