@@ -23,7 +23,7 @@ from streamer.ops.cost import Cost, CostMeter, ceiling, warm_up
 from streamer.stopping import StopReason
 
 if TYPE_CHECKING:
-    from streamer.cli.config import WorkerConfig
+    from streamer.config import WorkerConfig
     from streamer.decode.schema import Schema
     from streamer.input.simulator import Task
 
@@ -470,7 +470,7 @@ def bench_worker(
     steady state (``_watch_worker``: from when the records its pipeline held at the first step
     are trained to its n-th record), and the share of input wait in input wait + step time;
     its cost per record over the same window appended to ``costs``."""
-    from streamer.cli.config import load_config
+    from streamer.config import load_config
     from streamer.worker import Worker
 
     cfg = load_config(
@@ -686,7 +686,7 @@ def bench_freshness(
 
     from kafka.admin import KafkaAdminClient
 
-    from streamer.cli.config import load_config
+    from streamer.config import load_config
     from streamer.input.simulator import produce
     from streamer.worker import Worker
 

@@ -21,7 +21,7 @@ from typing import IO, TYPE_CHECKING
 import numpy as np
 
 from consumers.errors import ModelDivergedError, StreamerError
-from streamer.cli.config import WorkerConfig
+from streamer.config import WorkerConfig
 from streamer.ops.audit import AuditLog
 from streamer.ops.health import Health, MetricsServer
 from streamer.ops.metrics import Metrics

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from consumers.settings import ConsumerSettings
-from streamer.cli.config import WorkerConfig
+from streamer.config import WorkerConfig
 from streamer.input.offsets import OffsetTracker
 from streamer.input.source import StreamStart, resolve_start
 from streamer.ops.health import Health, MetricsServer

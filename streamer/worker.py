@@ -17,9 +17,9 @@ import tensorflow as tf
 from consumers import ShardHooks, ShardLike
 from consumers.errors import ModelDivergedError, PipelineError, StreamerError
 from consumers.settings import ConsumerSettings
-from streamer.cli.config import WorkerConfig, shard_runtime_choice
-from streamer.cli.replay import write_marker
 from streamer.committer import CommitSchedule, Committer
+from streamer.config import WorkerConfig, shard_runtime_choice
+from streamer.config.replay import write_marker
 from streamer.decode.schema import Schema
 from streamer.input.offsets import OffsetTracker
 from streamer.input.probe import BrokerProbe

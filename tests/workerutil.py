@@ -369,7 +369,7 @@ def run_in_process(**options: Any) -> tuple[int, Any, str]:
     import io
     import logging
 
-    from streamer.cli.config import load_config
+    from streamer.config import load_config
     from streamer.worker import Worker
 
     records = io.StringIO()

@@ -1,10 +1,9 @@
-"""cli: the ``streamer`` command: its options (declared once), their loading and commands.
+"""cli: the ``streamer`` command (the settings it loads: ``streamer.config``).
 
 - ``commands``: ``main`` and every subcommand (run, replay, simulate, lag, reset-group,
   launch, bench);
-- ``options``: every worker option, declared once (flag, STREAMER_* variable, TOML key);
-- ``config``: ``WorkerConfig``, the options loaded and validated;
-- ``replay``: a replay's range, group and help texts.
+- ``arguments``: the run options as argparse flags;
+- ``replay``: the help texts of ``streamer replay``.
 """
 
 from streamer.cli.commands import main

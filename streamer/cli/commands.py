@@ -16,7 +16,7 @@ from consumers.errors import ConfigError, StreamerError
 
 if TYPE_CHECKING:
     from consumers.settings import SecuritySettings
-    from streamer.cli.config import WorkerConfig
+    from streamer.config import WorkerConfig
     from streamer.input.simulator import Task
 
 __all__ = ["main"]
@@ -189,14 +189,10 @@ class _Parser(argparse.ArgumentParser):
 def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The ``streamer`` parser and each command's own (whose usage its errors show)."""
     from streamer import __version__
-    from streamer.cli.config import OPTIONS, add_run_arguments
-    from streamer.cli.replay import (
-        COMMIT_METADATA,
-        DESCRIPTION,
-        NOT_FOR_REPLAY,
-        RANGE_FORMS,
-        RUN_OPTION_HELPS,
-    )
+    from streamer.cli.arguments import add_run_arguments
+    from streamer.cli.replay import DESCRIPTION, NOT_FOR_REPLAY, RUN_OPTION_HELPS
+    from streamer.config import OPTIONS
+    from streamer.config.replay import COMMIT_METADATA, RANGE_FORMS
 
     parser = _Parser(
         prog="streamer",
@@ -643,7 +639,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from streamer.cli.config import load_config, print_config
+    from streamer.config import load_config, print_config
 
     params = {k: v for k, v in vars(args).items() if k not in ("command", "print_config")}
     sources: dict[str, str] = {}
@@ -723,8 +719,9 @@ def _exit_guard(code: int, seconds: float) -> None:
 def _cmd_replay(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from streamer.cli.config import load_config
-    from streamer.cli.replay import REPLAY_ONLY, ReplaySpec, check_outputs, check_replay_group
+    from streamer.cli.replay import REPLAY_ONLY
+    from streamer.config import load_config
+    from streamer.config.replay import ReplaySpec, check_outputs, check_replay_group
 
     # Everything that can be checked without Kafka first: impossible input fails at once.
     if args.group is not None:
@@ -785,7 +782,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 def _connection(args: argparse.Namespace) -> tuple[str, SecuritySettings]:
     """Bootstrap servers and security settings of a command that talks to Kafka, from its
     flags, STREAMER_* and --config, as ``streamer run`` reads them."""
-    from streamer.cli.config import load_config
+    from streamer.config import load_config
 
     params = {n: getattr(args, n, None) for n in CONNECTION_OPTIONS}
     params["config"] = getattr(args, "config", None)
@@ -877,7 +874,7 @@ def _cmd_reset_group(args: argparse.Namespace) -> int:
     from consumers.errors import GroupActiveError
     from consumers.positions import start_offsets
     from consumers.settings import ConsumerSettings
-    from streamer.cli.replay import parse_bound
+    from streamer.config.replay import parse_bound
 
     position = parse_bound(args.reset_to, "to")
     bootstrap, security = _connection(args)

@@ -30,7 +30,6 @@ import numpy as np
 import tensorflow as tf
 
 from consumers.errors import ConfigError, PipelineError, StreamerError
-from streamer.cli.config import WorkerConfig
 from streamer.cluster.padding import END, Batch, PaddedBatcher
 from streamer.cluster.strategy import ClusterStep, is_peer_loss, make_strategy, weights_digest
 from streamer.cluster.topology import (
@@ -44,6 +43,7 @@ from streamer.cluster.topology import (
     worker_partitions,
 )
 from streamer.committer import CommitSchedule, Committer
+from streamer.config import WorkerConfig
 from streamer.decode.columns import flat_outputs, from_flat, to_batch
 from streamer.input.offsets import OffsetTracker
 from streamer.input.source import StreamSource, end_iterator

@@ -481,7 +481,7 @@ def test_no_secret_in_logs_metrics_help_or_errors(
 
 @pytest.mark.timeout(120)
 def test_no_secret_in_exception_text_or_settings_repr(secure_broker: PrivateBroker) -> None:
-    from streamer.cli.config import load_config
+    from streamer.config import load_config
 
     secret = "exc-" + uuid.uuid4().hex
     bootstrap = secure_broker.listeners["SASL_PLAINTEXT"]

@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from streamer.cli.config import load_config
+from streamer.config import load_config
 from streamer.stopping import StopReason
 from streamer.worker import Worker
 

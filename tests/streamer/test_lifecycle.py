@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from consumers.errors import ConfigError, ModelDivergedError, StreamerError
-from streamer.cli.config import load_config
+from streamer.config import load_config
 from streamer.lifecycle import Lifecycle
 from streamer.ops.metrics import Metrics
 from streamer.stopping import StopReason

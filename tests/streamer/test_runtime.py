@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from consumers.settings import ConsumerSettings
-from streamer.cli.config import load_config
+from streamer.config import load_config
 from streamer.input.offsets import OffsetTracker
 from streamer.ops.health import Health
 from streamer.runtime import dead_letter_writer, new_metrics, serve_metrics, stream_start

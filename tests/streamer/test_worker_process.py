@@ -552,7 +552,7 @@ def test_default_model_loss_falls_on_simulator_data(tmp_path: Path) -> None:
 
 EMBEDDED = """
 import os, signal, sys, threading, time
-from streamer.cli.config import load_config
+from streamer.config import load_config
 from streamer.worker import Worker
 
 cfg = load_config({"metrics_port": 0, "shards": 1, "sim_rate": 5000.0, "shutdown_timeout": 2.0}, env={})

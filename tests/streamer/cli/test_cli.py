@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from streamer.cli.replay import RANGE_FORMS
+from streamer.config.replay import RANGE_FORMS
 from streamer.ops.tfstart import NO_GPU_NOISE, NOISE, nvidia_present
 from tests.streamer.cli.test_replay import streamer
 

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 from consumers.errors import ConfigError
-from streamer.cli.config import load_config
-from streamer.cli.replay import (
+from streamer.config import load_config
+from streamer.config.replay import (
     COMMIT_METADATA,
     MARKER_FILE,
     RANGE_FORMS,

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 
 from consumers.errors import ConfigError
-from streamer.cli.config import load_config
 from streamer.cluster.padding import END, PaddedBatcher
 from streamer.cluster.topology import (
     Control,
@@ -35,6 +34,7 @@ from streamer.cluster.topology import (
     topology_from,
     worker_partitions,
 )
+from streamer.config import load_config
 from streamer.decode.ragged import RaggedColumn
 from streamer.decode.schema import Schema
 from streamer.input.simulator import SimulatorTask

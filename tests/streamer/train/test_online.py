@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from streamer.cli.config import load_config
+from streamer.config import load_config
 from streamer.input.simulator import SimulatorTask, produce
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import INFO_FILE, Exporter, read_info

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from consumers.errors import ConfigError
-from streamer.cli.config import load_config
+from streamer.config import load_config
 from tests.workerutil import run_in_process
 
 SCHEMA = """

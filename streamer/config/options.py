@@ -44,7 +44,7 @@ def option(
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """The worker's options as declared (``streamer.cli.config.WorkerConfig`` validates them)."""
+    """The worker's options as declared (``streamer.config.WorkerConfig`` validates them)."""
 
     # ---- kafka -------------------------------------------------------------------------------
     bootstrap: str | None = option(

@@ -1,4 +1,4 @@
-"""streamer.cli.options: the text parsers of flags and variables, each option's derived view
+"""streamer.config.options: the text parsers of flags and variables, each option's derived view
 (flag, variable, kind, choices) and the declaration's consistency. test_config and test_cli
 cover loading and precedence through load_config and the command line."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from consumers.settings import ConsumerSettings, SecuritySettings
 from consumers.types import CLIENTS, SaslMechanism
-from streamer.cli.config import SECRET_ENV
-from streamer.cli.options import (
+from streamer.config import SECRET_ENV
+from streamer.config.options import (
     ENV_PREFIX,
     OPTIONS,
     OPTIONS_BY_NAME,

@@ -12,7 +12,7 @@ import pytest
 from consumers.clients.kafka_python import consumer_config
 from consumers.errors import ConfigError
 from consumers.settings import ConsumerSettings, Secret, SecuritySettings
-from streamer.cli.config import OPTIONS, load_config
+from streamer.config import OPTIONS, load_config
 
 
 def test_precedence_file_env_flags(tmp_path: Path) -> None:
@@ -144,7 +144,7 @@ def test_cli_reports_config_errors_with_exit_2() -> None:
 def test_shard_runtime_auto_picks_processes_only_with_shards_and_cores_to_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from streamer.cli.config import resolve_shard_runtime
+    from streamer.config import resolve_shard_runtime
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 1}, raising=False)
     assert resolve_shard_runtime("auto", 4) == "process"
@@ -156,7 +156,7 @@ def test_shard_runtime_auto_picks_processes_only_with_shards_and_cores_to_use(
 
 
 def test_shard_runtime_auto_says_why_and_gives_confluent_processes_from_4_cores() -> None:
-    from streamer.cli.config import shard_runtime_choice
+    from streamer.config import shard_runtime_choice
 
     assert shard_runtime_choice("auto", 4, "confluent", cores=2) == (
         "thread",
