@@ -14,10 +14,7 @@ __all__ = [
     "GroupProtocolError",
     "GroupRepairError",
     "GroupResetError",
-    "ModelDivergedError",
     "OffsetResetError",
-    "PipelineError",
-    "RejectLimitError",
     "ShardFailedError",
     "StreamerError",
     "TlsHandshakeError",
@@ -225,14 +222,6 @@ class OffsetResetError(StreamerError):
         )
 
 
-class PipelineError(StreamerError):
-    """The input pipeline (tf.data) failed for a reason no shard reported."""
-
-    def __init__(self, what: str, detail: str) -> None:
-        self.what = what
-        super().__init__(f"{what} failed: {detail}")
-
-
 class ShardFailedError(StreamerError):
     """A shard's poller thread died; the cause is chained as ``__cause__``."""
 
@@ -240,39 +229,3 @@ class ShardFailedError(StreamerError):
         self.shard_index = shard_index
         super().__init__(f"shard {shard_index} failed: {type(cause).__name__}: {cause}")
         self.__cause__ = cause
-
-
-class ModelDivergedError(StreamerError):
-    """Training cannot go on: steps in a row had a non-finite loss or gradients, or a weight
-    became non-finite. The last good checkpoint is kept; nothing is committed past it."""
-
-    exit_code = 3
-
-    def __init__(self, detail: str, checkpoint: str | None) -> None:
-        self.checkpoint = checkpoint
-        kept = (
-            f"the last good checkpoint ({checkpoint}) is kept and nothing was committed past it"
-            if checkpoint
-            else "nothing was committed past the last good step"
-        )
-        super().__init__(
-            f"the model diverged: {detail}; {kept}. Lower the learning rate (or check the "
-            "model and its inputs) and restart: the worker resumes from there"
-        )
-
-
-class RejectLimitError(StreamerError):
-    """Too large a share of the latest records was rejected by the decoder: a wrong schema or a
-    bad producer deploy. The worker stops without committing past them."""
-
-    exit_code = 4
-
-    def __init__(self, summary: str, example: str, held: dict[int, int]) -> None:
-        self.held = dict(held)
-        where = ", ".join(f"partition {p} from offset {o}" for p, o in sorted(held.items()))
-        super().__init__(
-            f"stopped by the reject breaker: {summary} (for example: {example}); nothing was "
-            f"committed past them ({where or 'none held'}). Fix the schema (--schema) or the "
-            "producer and restart: the worker decodes them again. A topic that really holds "
-            "that many bad records: raise --max-reject-fraction (1 turns the breaker off)"
-        )

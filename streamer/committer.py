@@ -19,12 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from consumers.errors import ModelDivergedError
 from streamer.input.breaker import capped
 from streamer.input.offsets import OffsetTracker
 from streamer.input.stream_position import StreamPosition
 from streamer.ops.audit import AuditLog
 from streamer.ops.metrics import Metrics
+from streamer.train.errors import ModelDivergedError
 
 __all__ = ["CommitSchedule", "Committer", "Save"]
 

@@ -20,7 +20,7 @@ from typing import IO, TYPE_CHECKING
 
 import numpy as np
 
-from consumers.errors import ModelDivergedError, StreamerError
+from consumers.errors import StreamerError
 from streamer.config import WorkerConfig
 from streamer.ops.audit import AuditLog
 from streamer.ops.health import Health, MetricsServer
@@ -28,6 +28,7 @@ from streamer.ops.metrics import Metrics
 from streamer.ops.signals import SignalWatch, StopOnSignal
 from streamer.ops.status import StatusLine
 from streamer.stopping import StopReason
+from streamer.train.errors import ModelDivergedError
 from streamer.train.nonfinite import NonFiniteSteps, describe_offsets
 
 if TYPE_CHECKING:
@@ -114,7 +115,10 @@ class Lifecycle:
         try:
             return self._run()
         except StreamerError as exc:  # ConfigError: 2; README: exit codes
-            log.error("%s", exc)
+            # A retriable error (a broker away, a topic not yet there) may pass with no change:
+            # the line says so, so an operator does not go looking for one.
+            again = " (this may pass on its own: a restart as it is tries again)"
+            log.error("%s%s", exc, again if exc.retriable else "")
             return self._failed(exc)
         except Exception as exc:
             return self._crashed(exc)

@@ -15,12 +15,13 @@ import numpy as np
 import tensorflow as tf
 
 from consumers import ShardHooks, ShardLike
-from consumers.errors import ModelDivergedError, PipelineError, StreamerError
+from consumers.errors import StreamerError
 from consumers.settings import ConsumerSettings
 from streamer.committer import CommitSchedule, Committer
 from streamer.config import WorkerConfig, shard_runtime_choice
 from streamer.config.replay import write_marker
 from streamer.decode.schema import Schema
+from streamer.input.errors import PipelineError
 from streamer.input.offsets import OffsetTracker
 from streamer.input.probe import BrokerProbe
 from streamer.input.simulator import RandomRecords, SimulatedShard, Task, task_named
@@ -40,6 +41,7 @@ from streamer.runtime import (
 )
 from streamer.stopping import StopKind, StopReason
 from streamer.train.checkpoint import Checkpointer
+from streamer.train.errors import ModelDivergedError
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import Exporter, serving_inputs
 from streamer.train.lease import Lease

@@ -29,7 +29,7 @@ from typing import IO, Any
 import numpy as np
 import tensorflow as tf
 
-from consumers.errors import ConfigError, PipelineError, StreamerError
+from consumers.errors import ConfigError, StreamerError
 from streamer.cluster.padding import END, Batch, PaddedBatcher
 from streamer.cluster.strategy import ClusterStep, is_peer_loss, make_strategy, weights_digest
 from streamer.cluster.topology import (
@@ -45,6 +45,7 @@ from streamer.cluster.topology import (
 from streamer.committer import CommitSchedule, Committer
 from streamer.config import WorkerConfig
 from streamer.decode.columns import flat_outputs, from_flat, to_batch
+from streamer.input.errors import PipelineError
 from streamer.input.offsets import OffsetTracker
 from streamer.input.source import StreamSource, end_iterator
 from streamer.input.stream_position import StreamPosition

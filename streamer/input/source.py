@@ -18,13 +18,14 @@ import tensorflow as tf
 
 from consumers import JoinBarrier, ShardHooks, ShardLike, open_shard
 from consumers.block import RecordBlock
-from consumers.errors import ConfigError, PipelineError, RejectLimitError, StreamerError
+from consumers.errors import ConfigError, StreamerError
 from consumers.settings import ConsumerSettings
 from streamer.decode.columns import METADATA_COLUMNS, flat_outputs, output_types, to_batch
 from streamer.decode.ragged import Column, concat_rows, num_rows
 from streamer.decode.records import DecodedBlock, decode_block, explain_reject, prepare_block
 from streamer.decode.schema import Schema
 from streamer.input.breaker import RejectBreaker
+from streamer.input.errors import PipelineError, RejectLimitError
 from streamer.input.handover import EPOCH, HandOver
 from streamer.input.offsets import OffsetTracker
 from streamer.input.passes import PassRules

@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from consumers.errors import ModelDivergedError
+from streamer.train.errors import ModelDivergedError
 from streamer.train.model import ModelBundle
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""consumers.errors: one root, the exit code and retriable flag of each kind (README: exit
+"""consumers.errors (and the errors of the input path and of training beside their code,
+streamer.input.errors and streamer.train.errors): one root, the exit code and retriable flag of each kind (README: exit
 codes), and messages that name what was wrong and what to do, never more than they were given."""
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import pickle
 import pytest
 
 import consumers.errors as errors_mod
+import streamer.input.errors as input_errors
+import streamer.train.errors as train_errors
 from consumers.errors import (
     AuthenticationError,
     BrokerUnavailableError,
@@ -19,16 +22,15 @@ from consumers.errors import (
     GroupProtocolError,
     GroupRepairError,
     GroupResetError,
-    ModelDivergedError,
     OffsetResetError,
-    PipelineError,
-    RejectLimitError,
     ShardFailedError,
     StreamerError,
     TlsHandshakeError,
     TopicCreateError,
     TopicNotFoundError,
 )
+from streamer.input.errors import PipelineError, RejectLimitError
+from streamer.train.errors import ModelDivergedError
 
 #: One instance of every error, as the code raises them.
 EXAMPLES: dict[type[StreamerError], StreamerError] = {
@@ -55,13 +57,16 @@ EXAMPLES: dict[type[StreamerError], StreamerError] = {
 
 def test_every_error_class_is_exported_and_has_an_example() -> None:
     """An error added to the module without being exported (or tested here) fails this test."""
-    declared = {
-        name
-        for name, value in vars(errors_mod).items()
-        if inspect.isclass(value) and issubclass(value, BaseException)
-        if value.__module__ == errors_mod.__name__
-    }
-    assert declared == set(errors_mod.__all__)
+    declared: set[str] = set()
+    for module in (errors_mod, input_errors, train_errors):
+        here = {
+            name
+            for name, value in vars(module).items()
+            if inspect.isclass(value) and issubclass(value, BaseException)
+            if value.__module__ == module.__name__
+        }
+        assert here == set(module.__all__), module.__name__
+        declared |= here
     assert {cls.__name__ for cls in EXAMPLES} == declared
 
 

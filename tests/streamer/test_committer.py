@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from consumers.errors import ModelDivergedError
 from streamer.committer import CommitSchedule, Committer
 from streamer.input.offsets import OffsetTracker
 from streamer.input.stream_position import StreamPosition
 from streamer.ops.metrics import Metrics
+from streamer.train.errors import ModelDivergedError
 
 
 class _Source:

@@ -4,6 +4,7 @@ model): exit codes, shutdown whatever happens, the first stop reason, non-finite
 from __future__ import annotations
 
 import io
+import logging
 import os
 import signal
 import threading
@@ -12,11 +13,12 @@ import time
 import numpy as np
 import pytest
 
-from consumers.errors import ConfigError, ModelDivergedError, StreamerError
+from consumers.errors import ConfigError, StreamerError
 from streamer.config import load_config
 from streamer.lifecycle import Lifecycle
 from streamer.ops.metrics import Metrics
 from streamer.stopping import StopReason
+from streamer.train.errors import ModelDivergedError
 
 
 def _metrics() -> Metrics:
@@ -63,6 +65,21 @@ def test_the_exit_code_is_the_errors_and_shutdown_runs_whatever_happens(
     assert loop.run() == code
     assert loop.closed == ["more"]
     assert loop.health.readiness() == (False, "shutting down") and loop._stopping.is_set()
+
+
+def test_the_error_line_says_when_a_restart_as_it_is_may_succeed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``StreamerError.retriable``: a broker away may pass with no change, a config error not."""
+    from consumers.errors import BrokerUnavailableError
+
+    with caplog.at_level(logging.ERROR):
+        assert Loop(BrokerUnavailableError("127.0.0.1:1", "no answer")).run() == 1
+        assert Loop(ConfigError("shards", 0, "a positive integer")).run() == 2
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(lines) == 2, lines
+    assert "a restart as it is tries again" in lines[0]
+    assert "a restart" not in lines[1] and "shards" in lines[1]
 
 
 def test_an_unexpected_error_propagates_after_the_shutdown() -> None:
