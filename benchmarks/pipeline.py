@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
-import os
 import re
 import statistics
 import sys
@@ -309,7 +309,9 @@ def bench_raw(cs: ConsumerSettings, n: int, costs: list[Cost] | None = None) -> 
     return got / (t1 - (t0 or t1) + 1e-9)
 
 
-def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
+def bench_naive(
+    cs: ConsumerSettings, n: int, batch_size: int = 256, decoder: str = "auto"
+) -> float:
     """The textbook pipeline: one record per generator call, one numpy_function per record."""
     import tensorflow as tf
 
@@ -329,7 +331,7 @@ def bench_naive(cs: ConsumerSettings, n: int, batch_size: int = 256) -> float:
                     return
 
     def decode_one(value: bytes) -> tuple[np.ndarray, np.ndarray]:
-        d = decode_block(schema, [value])
+        d = decode_block(schema, [value], decoder)
         return d.features["x"][0], d.features["y"][0]
 
     def tf_decode(v: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -358,6 +360,7 @@ def bench_pipeline(
     schema: Schema | None = None,
     costs: list[Cost] | None = None,
     steps_per_execution: int = 1,
+    decoder: str = "auto",
 ) -> float:
     """Our batched dataset, input only (with a shuffle window of ``shuffle_buffer`` records);
     its cost per record (this process and the shard processes, from the first batch to the
@@ -374,6 +377,7 @@ def bench_pipeline(
             pass_records=n,
             idle_timeout_seconds=5,
             shuffle_buffer=shuffle_buffer,
+            decoder=decoder,
         ),
         consumer=cs,
     )
@@ -465,6 +469,7 @@ def bench_worker(
     runtime: str = "thread",
     costs: list[Cost] | None = None,
     steps_per_execution: int = 1,
+    decoder: str = "auto",
 ) -> tuple[float, float]:
     """The worker with the default model: records trained per second of wall time in its
     steady state (``_watch_worker``: from when the records its pipeline held at the first step
@@ -488,6 +493,7 @@ def bench_worker(
             "metrics_port": "0",
             "log_level": "WARNING",
             "status_interval": "3600",
+            "decoder": decoder,
             **(
                 {"steps_per_execution": str(steps_per_execution)} if steps_per_execution > 1 else {}
             ),
@@ -607,14 +613,16 @@ def read_blocks(cs: ConsumerSettings, n: int) -> list[list[bytes]]:
     return blocks
 
 
-def bench_decode_only(blocks: list[list[bytes]], schema: Schema | None = None) -> float:
+def bench_decode_only(
+    blocks: list[list[bytes]], schema: Schema | None = None, decoder: str = "auto"
+) -> float:
     """The block decoder alone, on this process's one core: records/s."""
     from streamer.decode.records import decode_block
     from streamer.input.simulator import SimulatorTask
 
     sch = schema or SimulatorTask().schema()
     t0 = time.perf_counter()
-    got = sum(len(decode_block(sch, block)) for block in blocks)
+    got = sum(len(decode_block(sch, block, decoder)) for block in blocks)
     return got / (time.perf_counter() - t0 + 1e-9)
 
 
@@ -881,7 +889,9 @@ def run_bench(
     #: The cost of the run in progress (raw and pipeline modes append one).
     sink: list[Cost] = []
 
-    def runner(mode: str, sch: Schema | None, spe: int = 1) -> Callable[[ConsumerSettings], Any]:
+    def runner(
+        mode: str, sch: Schema | None, spe: int = 1, decoder: str = "auto"
+    ) -> Callable[[ConsumerSettings], Any]:
         def process(cs: ConsumerSettings) -> ConsumerSettings:
             return dataclasses.replace(cs, shard_runtime="process")
 
@@ -896,41 +906,43 @@ def run_bench(
             return blocks[cs.topic]
 
         base, _, _n = mode.partition("@")
+        pipe = dict(schema=sch, costs=sink, steps_per_execution=spe, decoder=decoder)
+        work = dict(costs=sink, steps_per_execution=spe, decoder=decoder)
         return {
-            "decode-only": lambda cs: bench_decode_only(cached(cs), sch),
+            "decode-only": lambda cs: bench_decode_only(cached(cs), sch, decoder),
             "tf-only": lambda cs: bench_tf_only(cached(cs)),
             "raw": lambda cs: bench_raw(cs, records, sink),
-            "naive": lambda cs: bench_naive(cs, min(records, naive_records)),
-            "pipeline": lambda cs: bench_pipeline(
-                cs, records, schema=sch, costs=sink, steps_per_execution=spe
-            ),
+            "naive": lambda cs: bench_naive(cs, min(records, naive_records), decoder=decoder),
+            "pipeline": lambda cs: bench_pipeline(cs, records, **pipe),  # type: ignore[arg-type]
             "pipeline-shuffle": lambda cs: bench_pipeline(
-                cs, records, shuffle_buffer=SHUFFLE_BUFFER, schema=sch, costs=sink
+                cs,
+                records,
+                shuffle_buffer=SHUFFLE_BUFFER,
+                schema=sch,
+                costs=sink,
+                decoder=decoder,
             ),
-            "pipeline-process": lambda cs: bench_pipeline(
-                process(cs), records, schema=sch, costs=sink, steps_per_execution=spe
-            ),
-            "worker": lambda cs: bench_worker(cs, records, costs=sink, steps_per_execution=spe),
-            "worker-process": lambda cs: bench_worker(
-                cs, records, runtime="process", costs=sink, steps_per_execution=spe
-            ),
+            "pipeline-process": lambda cs: bench_pipeline(process(cs), records, **pipe),  # type: ignore[arg-type]
+            "worker": lambda cs: bench_worker(cs, records, **work),  # type: ignore[arg-type]
+            "worker-process": lambda cs: bench_worker(cs, records, runtime="process", **work),  # type: ignore[arg-type]
             "raw-confluent": lambda cs: bench_raw(confluent(cs), records, sink),
-            "pipeline-confluent": lambda cs: bench_pipeline(
-                confluent(cs), records, schema=sch, costs=sink, steps_per_execution=spe
-            ),
+            "pipeline-confluent": lambda cs: bench_pipeline(confluent(cs), records, **pipe),  # type: ignore[arg-type]
             "pipeline-confluent-process": lambda cs: bench_pipeline(
-                process(confluent(cs)), records, schema=sch, costs=sink, steps_per_execution=spe
+                process(confluent(cs)),
+                records,
+                **pipe,  # type: ignore[arg-type]
             ),
-            "worker-confluent": lambda cs: bench_worker(
-                confluent(cs), records, costs=sink, steps_per_execution=spe
-            ),
+            "worker-confluent": lambda cs: bench_worker(confluent(cs), records, **work),  # type: ignore[arg-type]
             "worker-confluent-process": lambda cs: bench_worker(
-                confluent(cs), records, runtime="process", costs=sink, steps_per_execution=spe
+                confluent(cs),
+                records,
+                runtime="process",
+                **work,  # type: ignore[arg-type]
             ),
         }[base]
 
-    # (key in the result, topic, how to measure it)
-    plan: list[tuple[str, str, Callable[[ConsumerSettings], Any]]] = []
+    # (key in the result, topic, how to measure it with a given --decoder)
+    todo: list[tuple[str, str, Callable[[str], Callable[[ConsumerSettings], Any]]]] = []
     paired = task is not None
     if task is None:
         for codec in codecs:
@@ -940,8 +952,8 @@ def run_bench(
                 with_spe = mode.startswith(("worker", "pipeline")) and "shuffle" not in mode
                 for spe in steps_per_execution if with_spe else (1,):
                     spe_key = key if spe == 1 else f"{key}+spe{spe}"
-                    plan.append((spe_key, name, runner(mode, None, spe)))
-        first = plan[0][1]
+                    todo.append((spe_key, name, functools.partial(runner, mode, None, spe)))
+        first = todo[0][1]
         result = BenchResult(first, records, record_bytes, shards, codecs=codecs)
     else:
         first = topic or fill("task", codecs[0], task, record_bytes)
@@ -950,14 +962,14 @@ def run_bench(
         result.baseline_topic = baseline
         for mode in modes:
             # Each mode right after its baseline: the two see the same state of the machine.
-            plan.append((FIXED + mode, baseline, runner(mode, None)))
-            plan.append((mode, first, runner(mode, schema)))
-    if decoders != ("auto",):
-        plan = [
-            (key if decoder == "auto" else f"{key}/{decoder}", name, run)
-            for key, name, run in plan
-            for decoder in decoders
-        ]
+            todo.append((FIXED + mode, baseline, functools.partial(runner, mode, None, 1)))
+            todo.append((mode, first, functools.partial(runner, mode, schema, 1)))
+    # Each mode with each --decoder, alternating; a decoder other than auto suffixes the key.
+    plan = [
+        (key if decoder == "auto" else f"{key}/{decoder}", name, make(decoder))
+        for key, name, make in todo
+        for decoder in decoders
+    ]
     parts_of = {name: _partitions(bootstrap, name) for _, name, _ in plan}
     for r in range(repeats):
         # Rotate the order every repeat so that drift on a shared machine cancels out.
@@ -967,13 +979,9 @@ def run_bench(
         if paired and r % 2:  # and which of a pair goes first
             order = [m for i in range(0, len(order), 2) for m in (order[i + 1], order[i])]
         for key, name, run in order:
-            mode, _, decoder = key.partition("/")
+            mode = key.partition("/")[0]
             at = re.match(r"[^@+]*@(\d+)", mode)  # pipeline-process@2(+spe8): 2 shards
             n_shards = int(at.group(1)) if at else shards
-            if decoder:  # read by the decode map here and in shard children (inherited)
-                os.environ["STREAMER_DECODER"] = decoder
-            else:
-                os.environ.pop("STREAMER_DECODER", None)
             sink.clear()
             value = run(_settings(bootstrap, name, parts_of[name], n_shards))
             for cost in sink:

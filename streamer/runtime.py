@@ -10,7 +10,6 @@ does it for it (constructors of the parts do none).
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -49,18 +48,15 @@ def new_metrics(config: WorkerConfig, *, workers: int = 1) -> Metrics:
 
 
 def choose_decoder(config: WorkerConfig, schema: Schema) -> str:
-    """The msgpack decoder of this run (``native`` or ``python``, for the start line), set
-    for this process and the shard child processes it starts (STREAMER_DECODER)."""
+    """The msgpack decoder of this run (``native`` or ``python``, for the start line); the
+    source hands ``--decoder`` to its decode map and its shard children
+    (``PipelineSettings.decoder``)."""
     from streamer.decode.native import decoder_name, why_python
 
-    if config.decoder == "auto":
-        os.environ.pop("STREAMER_DECODER", None)  # the default: nothing to hand down
-    else:
-        os.environ["STREAMER_DECODER"] = config.decoder
-    why = why_python(schema)
+    why = why_python(schema, config.decoder)
     if why is not None:
         log.info("decoder: the pure-Python reference (%s)", why)
-    return decoder_name(schema)
+    return decoder_name(schema, config.decoder)
 
 
 def serve_metrics(config: WorkerConfig, metrics: Metrics, health: Health) -> MetricsServer | None:

@@ -267,6 +267,7 @@ class Worker(Lifecycle):
                 records=cfg.eval_records,
                 batch_size=cfg.batch_size,
                 idle_timeout=min(2.0, cfg.pipeline_settings().idle_timeout_seconds),
+                decoder=cfg.decoder,
             )
         self._run_start_step = self._exported_step = self.step
         # --eval-every-seconds counts from the first step of this run and then from the end of

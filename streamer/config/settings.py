@@ -274,6 +274,7 @@ class WorkerConfig(Options):
             linger=True,
             shuffle_buffer=self.shuffle_buffer,
             max_reject_fraction=self.max_reject_fraction,
+            decoder=self.decoder,
             start_from=self.start_position(),
             stop_at=None if self.replay is None else self.replay.stop,
         )

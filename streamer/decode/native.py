@@ -11,14 +11,13 @@ the two cannot disagree on a reject, and the differential tests
 
 ``AVAILABLE`` is False where the extension was not built (no C compiler at install time: the
 install goes on without it); then the reference runs alone. ``--decoder python`` (the
-environment's ``STREAMER_DECODER``, which shard child processes inherit) turns the fast path
-off: an escape hatch for a suspected decoder problem.
+``decoder`` of ``PipelineSettings``, handed to shard child processes with their decode) turns
+the fast path off: an escape hatch for a suspected decoder problem.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -48,23 +47,24 @@ _KINDS = "biuf"
 _MAX_KEYS = 64
 
 
-def _enabled() -> bool:
-    return AVAILABLE and os.environ.get("STREAMER_DECODER", "auto").lower() != "python"
+def _enabled(decoder: str) -> bool:
+    return AVAILABLE and decoder.lower() != "python"
 
 
-def decoder_name(schema: Schema) -> str:
-    """Which decoder runs ``schema``'s blocks: ``native`` or ``python`` (the start line)."""
-    return "native" if native_plan(schema) is not None else "python"
+def decoder_name(schema: Schema, decoder: str = "auto") -> str:
+    """Which decoder runs ``schema``'s blocks with ``--decoder decoder``: ``native`` or
+    ``python`` (the start line)."""
+    return "native" if native_plan(schema, decoder) is not None else "python"
 
 
-def why_python(schema: Schema) -> str | None:
+def why_python(schema: Schema, decoder: str = "auto") -> str | None:
     """Why the reference alone runs ``schema``'s blocks (None: the fast path runs them)."""
-    if native_plan(schema) is not None:
+    if native_plan(schema, decoder) is not None:
         return None
     if not AVAILABLE:
         return NOT_AVAILABLE_WHY
-    if not _enabled():
-        return "--decoder python (STREAMER_DECODER)"
+    if not _enabled(decoder):
+        return "--decoder python"
     return "the compiled decoder takes fixed-shape numeric features only"
 
 
@@ -120,7 +120,7 @@ def _plan(schema: Schema) -> NativePlan | None:
     return NativePlan(schema) if _supported(schema) else None
 
 
-def native_plan(schema: Schema) -> NativePlan | None:
+def native_plan(schema: Schema, decoder: str = "auto") -> NativePlan | None:
     """The C decoder's plan for ``schema``; None when it does not run it (not built,
-    turned off, or a feature of a kind it does not take)."""
-    return _plan(schema) if _enabled() else None
+    turned off by ``decoder`` ``python``, or a feature of a kind it does not take)."""
+    return _plan(schema) if _enabled(decoder) else None

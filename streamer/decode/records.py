@@ -329,12 +329,15 @@ def _assemble(fp: FeaturePlan, column: list[Any], mixed: bool, n: int) -> Column
 # -- public ---------------------------------------------------------------------------------
 
 
-def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock:
+def decode_block(
+    schema: Schema, values: Sequence[bytes | None], decoder: str = "auto"
+) -> DecodedBlock:
     """Decode a block of msgpack records; each record decodes whole or is rejected.
 
     The compiled fast path (``streamer.decode.native``) takes the records it is sure of, the
     GIL released; the reference (``decode_block_python``) decides every other one. The result
-    is the reference's, record for record.
+    is the reference's, record for record. ``decoder``: ``--decoder`` (``python``: the
+    reference alone).
 
     >>> from streamer.decode.schema import Feature, Schema
     >>> s = Schema((Feature("x", "float32", (2,)), Feature("y", "int64")), label="y")
@@ -343,7 +346,7 @@ def decode_block(schema: Schema, values: Sequence[bytes | None]) -> DecodedBlock
     >>> block.features["x"].tolist(), block.kept.tolist(), block.rejected
     ([[1.0, 2.0], [1.0, 2.0]], [0, 3], [(1, 'format'), (2, 'truncated')])
     """
-    plan = native_plan(schema)
+    plan = native_plan(schema, decoder)
     if plan is None or not len(values):
         return decode_block_python(schema, values)
     taken, columns = plan.decode(values)
@@ -493,11 +496,11 @@ def decode_block_python(schema: Schema, values: Sequence[bytes | None]) -> Decod
     return DecodedBlock(arrays, kept_rows, rejected)
 
 
-def prepare_block(schema: Schema, block: Any) -> DecodedBlock:
+def prepare_block(schema: Schema, block: Any, decoder: str = "auto") -> DecodedBlock:
     """A shard child's preparation of a block for its owner: the decode, on the child's core
     (``consumers.process``); the parent's map then gets columns, and only the rejects' raw
     values travel (``DecodedBlock.needs_values``)."""
-    return decode_block(schema, block.values)
+    return decode_block(schema, block.values, decoder)
 
 
 def _expected(fp: FeaturePlan) -> str:

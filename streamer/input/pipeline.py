@@ -31,6 +31,7 @@ class PipelineSettings:
     stop_at: str | int | None = None  # replay: stop before the first record at/after this time
     log_rejects_per_second: float = 20.0
     max_reject_fraction: float = 0.5  # streamer.input.breaker; 1.0 turns the breaker off
+    decoder: str = "auto"  # --decoder: python turns the compiled fast path off
 
     def __post_init__(self) -> None:
         if not 1 <= self.num_shards <= 256:
@@ -45,6 +46,8 @@ class PipelineSettings:
             raise ConfigError(
                 "shuffle_buffer", self.shuffle_buffer, "0 (off) or a number of records"
             )
+        if self.decoder not in ("auto", "python"):
+            raise ConfigError("decoder", self.decoder, "auto or python")
         if not 0.0 < self.max_reject_fraction <= 1.0:
             raise ConfigError(
                 "max_reject_fraction",

@@ -190,7 +190,7 @@ class StreamSource:
     def _kafka_factory(self, consumer: ConsumerSettings) -> ShardFactory:
         # A process shard decodes its blocks in its own child, on its own core: the map here
         # then only hands the columns to TensorFlow (and the rejects' values travel alone).
-        prepare = functools.partial(prepare_block, self.schema)
+        prepare = functools.partial(prepare_block, self.schema, decoder=self.settings.decoder)
 
         def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
             restore = self.router.restore_offsets()
@@ -452,7 +452,7 @@ class StreamSource:
         if isinstance(prepared, DecodedBlock):  # decoded in the shard's child already
             decoded = prepared
         else:
-            decoded = decode_block(self.schema, values)
+            decoded = decode_block(self.schema, values, self.settings.decoder)
         kept = decoded.kept
         refused = [(int(partition[i]), int(offset[i]), r) for i, r in decoded.rejected]
         if self.breaker.observe(len(values), refused):

@@ -83,8 +83,10 @@ class Evaluator:
         batch_size: int,
         idle_timeout: float = 2.0,
         shards: int = 1,
+        decoder: str = "auto",
     ) -> None:
         self.consumer = consumer
+        self.decoder = decoder
         self.topic = topic
         self.schema = schema
         self.trainer = trainer
@@ -113,6 +115,7 @@ class Evaluator:
             batch_size=self.batch_size,
             pass_records=self.records,
             idle_timeout_seconds=self.idle_timeout,
+            decoder=self.decoder,
         )
         self.source = StreamSource(self.schema, pipeline, consumer=settings)
         self._dataset = self.source.dataset()

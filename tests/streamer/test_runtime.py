@@ -60,17 +60,20 @@ def test_no_dead_letter_topic_no_writer_and_no_broker_asked() -> None:
     assert dead_letter_writer(config, consumer, 2, OffsetTracker(), metrics) is None
 
 
-def test_choose_decoder_names_it_and_hands_python_down_to_shard_children(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_choose_decoder_names_it_and_the_setting_goes_down_to_the_pipeline() -> None:
+    """``--decoder`` travels as a setting (to the decode map and, with its decode, to every
+    shard child), never through the environment."""
     from streamer.decode import native
     from streamer.input.simulator import SimulatorTask
     from streamer.runtime import choose_decoder
 
     schema = SimulatorTask().schema()
-    monkeypatch.delenv("STREAMER_DECODER", raising=False)
-    assert choose_decoder(load_config({"decoder": "python"}, env={}), schema) == "python"
-    assert os.environ["STREAMER_DECODER"] == "python"  # a child process inherits it
+    before = dict(os.environ)
+    python = load_config({"decoder": "python"}, env={})
+    assert choose_decoder(python, schema) == "python"
+    assert python.pipeline_settings().decoder == "python"
     want = "native" if native.AVAILABLE else "python"
-    assert choose_decoder(load_config({}, env={}), schema) == want
-    assert "STREAMER_DECODER" not in os.environ
+    auto = load_config({}, env={})
+    assert choose_decoder(auto, schema) == want
+    assert auto.pipeline_settings().decoder == "auto"
+    assert dict(os.environ) == before
