@@ -535,7 +535,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentPars
 def _cmd_bench(args: argparse.Namespace) -> int:
     configure_logging("WARNING")
     _load_tensorflow()
-    from benchmarks.pipeline import (
+    from streamer.bench import (
         CEILINGS,
         DEFAULT_MODES,
         MODES,

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks.pipeline import _rss_mib
+from streamer.bench import rss_mib
 from streamer.ops.gctune import release_free_memory
 
 
@@ -19,8 +19,8 @@ def test_freed_heap_fragmented_by_survivors_goes_back_to_the_os() -> None:
     blobs = [bytes(1000) + bytes([i % 256]) for i in range(150_000)]  # ~150 MiB of small chunks
     survivors = blobs[::100]  # one in a hundred stays alive: the heap cannot shrink from the top
     del blobs
-    before = _rss_mib()
+    before = rss_mib()
     assert release_free_memory() is True
-    after = _rss_mib()
+    after = rss_mib()
     assert len(survivors) == 1_500
     assert before - after > 50, (before, after)

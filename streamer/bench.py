@@ -741,7 +741,8 @@ def bench_freshness(
     return out
 
 
-def _rss_mib() -> float:
+def rss_mib() -> float:
+    """This process's resident memory in MiB (Linux; NaN elsewhere)."""
     with open("/proc/self/status", encoding="ascii") as fh:
         for line in fh:
             if line.startswith("VmRSS:"):
@@ -798,7 +799,7 @@ def soak(
         now = time.monotonic()
         if base_t is None and now - t0 >= warmup:
             base_t = now
-        rss = _rss_mib()
+        rss = rss_mib()
         if base_t is not None:
             samples.append((now - base_t, rss))
         out.write(f"  soak pass {passes}: {records:,} records, rss {rss:.0f} MiB\n")
