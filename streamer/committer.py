@@ -119,6 +119,7 @@ class Committer:
         self.to_group = to_group
         #: ``source.revoke_commits`` as of the last checkpoint: one more is a commit past it.
         self._revokes_seen = 0
+        self._start_step = commits.last_step
 
     @property
     def checkpointing(self) -> bool:
@@ -134,17 +135,35 @@ class Committer:
         of them comes again)."""
         return {**self.source.resting_points(), **self.tracker.commit_points()}
 
-    def after_step(self, step: int) -> None:
+    @property
+    def checkpointed_step(self) -> int:
+        """The step of the last checkpoint (the run's first step before any, or without
+        checkpoints)."""
+        return self._start_step if self.checkpoints is None else self.checkpoints.last_step
+
+    def checkpoint_due(self, step: int) -> bool:
+        """The checkpoint schedule is due (a cluster's chief votes for a checkpoint with it)."""
+        return self.checkpoints is not None and self.checkpoints.due(step)
+
+    def after_step(self, step: int, *, agreed: bool | None = None, final: bool = False) -> None:
         """A step finished: checkpoint (and commit) or commit when due; neither while a
-        rollback is asked for (what was trained since the last checkpoint is undone)."""
+        rollback is asked for (what was trained since the last checkpoint is undone).
+
+        ``agreed``: a checkpoint decision made for every worker of a cluster at once (the
+        round's all-reduced vote, ``streamer.cluster.topology.decide``); it replaces the
+        checkpoint schedule. ``final``: the run stops after this step, so without checkpoints
+        everything done is committed now."""
         if self.source.rollback is not None:
             return
         if self.checkpoints is not None:
             # A revocation committed past the last checkpoint: checkpoint now, so that a
             # rollback always has one at or past every commit (``streamer.rollback``).
-            if self.checkpoints.due(step) or self.source.revoke_commits != self._revokes_seen:
+            due = agreed
+            if due is None:
+                due = self.checkpoints.due(step) or self.source.revoke_commits != self._revokes_seen
+            if due:
                 self.checkpoint(step)
-        elif self.commits.due(step):
+        elif final or self.commits.due(step):
             self.commit(self.done_points(), step)
 
     def commit(self, points: dict[int, int], step: int) -> None:

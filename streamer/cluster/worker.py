@@ -410,14 +410,15 @@ class DistributedWorker(Lifecycle):
             commits=CommitSchedule(
                 cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
             ),
-            # The rounds decide when (a step count or the chief's clock, all-reduced).
+            # The chief's schedule votes; the round's all-reduced decision is what happens.
             checkpoints=None
             if self.checkpointer is None
-            else CommitSchedule(cfg.checkpoint_every_steps, 10.0**9, step=self.step),
+            else CommitSchedule(
+                cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, step=self.step
+            ),
             save=None if self.checkpointer is None else self._save,
             audit=self.audit,
         )
-        self._last_checkpoint = (self.step, time.monotonic())
         self.source.resume()
         self.source.begin_pass()
         self._reader = threading.Thread(target=self._read, name="streamer-input", daemon=True)
@@ -437,11 +438,7 @@ class DistributedWorker(Lifecycle):
                 or (cfg.stop_after_idle is not None and now - last_data >= cfg.stop_after_idle)
                 or (drain_until is not None and now >= drain_until)
             )
-            timer = (
-                topo.chief
-                and self.checkpointer is not None
-                and now - self._last_checkpoint[1] >= cfg.checkpoint_every_seconds
-            )
+            timer = topo.chief and committer.checkpoint_due(self.step)
             if self.source.reject_limit is not None and not self._stopping.is_set():
                 self.request_stop(StopReason.reject_breaker())
             stop_here = self._stopping.is_set()  # what this worker says, and why, once
@@ -474,7 +471,7 @@ class DistributedWorker(Lifecycle):
                 ctrl,
                 workers=topo.count,
                 step=self.step,
-                last_checkpoint_step=self._last_checkpoint[0],
+                last_checkpoint_step=committer.checkpointed_step,
                 checkpoint_every_steps=cfg.checkpoint_every_steps if self.checkpointer else None,
                 max_steps=cfg.max_steps,
                 stopping_here=self._stop_reason if stop_here else None,
@@ -485,10 +482,9 @@ class DistributedWorker(Lifecycle):
                 drain_until = self._begin_drain()
             if decision.stop is not None and self.source.reject_limit is None:
                 self.source.settle_rejects()  # a clean stop: the rejects so far are judged
-            if decision.checkpoint and self.checkpointer is not None:
-                committer.checkpoint(self.step)
-            elif self.checkpointer is None and (decision.stop or committer.commits.due(self.step)):
-                committer.commit(committer.done_points(), self.step)
+            committer.after_step(
+                self.step, agreed=decision.checkpoint, final=decision.stop is not None
+            )
             status.waited(batch.waited)
             status.maybe(self.step, self.loss)
             wait = should_wait(ctrl, mine=batch.real, full=batch.real == batch.size)
@@ -566,7 +562,6 @@ class DistributedWorker(Lifecycle):
         log.info(
             "checkpoint %s at step %d weights %s", path, step, weights_digest(self.bundle.model)
         )
-        self._last_checkpoint = (step, time.monotonic())
         return {p: o for p, o in offsets.items() if p in self._mine}
 
     # ---- shutdown -----------------------------------------------------------------------------

@@ -146,3 +146,30 @@ def test_a_revocation_that_committed_is_followed_by_a_checkpoint_at_the_next_ste
     committer.rolled_back(2, {0: 8})
     assert position.current() == {0: 8}
     assert committer.checkpoints is not None and committer.checkpoints.last_step == 2
+
+
+def test_a_clusters_agreed_decision_replaces_the_checkpoint_schedule() -> None:
+    """The round's all-reduced vote decides (every worker alike), whatever this worker's own
+    schedule says; the schedule still counts from each checkpoint (the chief's vote)."""
+    saved: list[int] = []
+
+    def save(step: int, offsets: dict[int, int]) -> dict[int, int]:
+        saved.append(step)
+        return offsets
+
+    committer, source, _, _, _ = _parts(save, every=2)
+    assert committer.checkpointed_step == 0 and not committer.checkpoint_due(1)
+    committer.after_step(2, agreed=False)  # due here, but the round said no
+    assert saved == [] and source.commits == [] and committer.checkpoint_due(2)
+    committer.after_step(3, agreed=True)  # the round said yes
+    assert saved == [3] and source.commits == [{0: 9, 1: 40}]
+    assert committer.checkpointed_step == 3 and not committer.checkpoint_due(4)
+
+
+def test_without_checkpoints_a_final_step_commits_whatever_the_schedule() -> None:
+    committer, source, _, _, _ = _parts(every=100)
+    committer.after_step(1, agreed=False)
+    assert source.commits == []
+    committer.after_step(2, agreed=False, final=True)
+    assert source.commits == [{0: 9}]
+    assert committer.checkpointed_step == 0  # no checkpoints: the run's first step
