@@ -11,6 +11,7 @@ stop means; everything else is here, once. The anchor is prometheus_client's
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import sys
 import threading
@@ -22,7 +23,9 @@ import numpy as np
 
 from consumers.errors import StreamerError
 from streamer.config import WorkerConfig
+from streamer.input.probe import BrokerProbe
 from streamer.ops.audit import AuditLog
+from streamer.ops.gctune import release_free_memory, tune_gc
 from streamer.ops.health import Health, MetricsServer
 from streamer.ops.metrics import Metrics
 from streamer.ops.signals import SignalWatch, StopOnSignal
@@ -38,6 +41,10 @@ if TYPE_CHECKING:
 __all__ = ["Lifecycle"]
 
 log = logging.getLogger(__name__)
+
+#: How often a worker hands freed heap back to the OS (gctune.release_free_memory): a pass
+#: may last for days, and a cluster's pass lasts the whole run.
+TRIM_EVERY_S = 60.0
 
 
 class Lifecycle:
@@ -63,6 +70,10 @@ class Lifecycle:
         self.source: StreamSource | None = None
         self.audit: AuditLog | None = None
         self.status: StatusLine | None = None
+        #: Whether a broker answers (``start_watch``; None without Kafka: the simulator).
+        self.probe: BrokerProbe | None = None
+        #: When the probe last found no broker (an outage is not idleness).
+        self._broker_down_at = -math.inf
         self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
         self._stopping = threading.Event()
         self._stop_reason: StopReason | None = None
@@ -189,6 +200,53 @@ class Lifecycle:
 
     # ---- watching -------------------------------------------------------------------------------
 
+    def start_watch(self) -> None:
+        """Once the parts are built: the GC tuned (start-up's objects leave every later
+        collection), the broker probe, and the watch thread: every second readiness and queue
+        depths, every ``TRIM_EVERY_S`` the freed heap back to the OS. Both loops alike."""
+        cfg = self.config
+        self.probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
+        tune_gc()
+        threading.Thread(target=self._watch, name="streamer-readiness", daemon=True).start()
+
+    def _watch(self) -> None:
+        trimmed = time.monotonic()
+        while not self._finished.wait(1.0):
+            if self.probe is not None and not self.probe.up:
+                self._broker_down_at = time.monotonic()
+                self._broker_down()
+            self.update_ready()
+            if time.monotonic() - trimmed >= TRIM_EVERY_S:
+                release_free_memory()
+                trimmed = time.monotonic()
+            self.watch_queues()
+
+    def _broker_down(self) -> None:
+        """The probe found no broker this second (a hook: the worker's idle clock waits)."""
+
+    def update_ready(self) -> None:
+        """Readiness: not while stopping; not without a broker or with the topic gone; else
+        what the loop says (``_readiness``)."""
+        source = self.source  # None once shut down
+        if self._stopping.is_set() or source is None:
+            return
+        if self.probe is not None and not self.probe.up:
+            self.health.set_ready(False, f"no broker reachable at {self.config.bootstrap}")
+            return
+        if source.topic_missing:
+            self.health.set_ready(
+                False, f"topic {self.config.topic} does not exist (deleted?); waiting for it"
+            )
+            return
+        self.health.set_ready(*self._readiness(source.assigned_partitions()))
+
+    def _readiness(self, assigned: int) -> tuple[bool, str]:
+        """Ready or not, and why, with the broker up, the topic there and ``assigned``
+        partitions (a hook)."""
+        if assigned == 0:
+            return False, "no partitions assigned"
+        return True, f"model built, {assigned} partitions assigned"
+
     def watch_queues(self) -> None:
         """Queue depths for /metrics (every second, from the readiness thread)."""
         cfg, source, metrics = self.config, self.source, self.metrics
@@ -215,6 +273,8 @@ class Lifecycle:
             self.audit.close()
             self.audit = None
         self._close_more()
+        if self.probe is not None:
+            self.probe.close()
         if self.server is not None:
             self.server.close()
 

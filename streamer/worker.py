@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
-import threading
 import time
 from collections.abc import Callable
 from typing import IO, Any
@@ -23,13 +21,11 @@ from streamer.config.replay import write_marker
 from streamer.decode.schema import Schema
 from streamer.input.errors import PipelineError
 from streamer.input.offsets import OffsetTracker
-from streamer.input.probe import BrokerProbe
 from streamer.input.simulator import RandomRecords, SimulatedShard, Task, task_named
 from streamer.input.source import METADATA_COLUMNS, StreamSource, StreamStart, end_iterator
 from streamer.input.stream_position import StreamPosition
 from streamer.lifecycle import Lifecycle
 from streamer.ops.audit import AuditLog
-from streamer.ops.gctune import release_free_memory, tune_gc
 from streamer.ops.tboard import ProfileWindow, TrainingSummaries
 from streamer.rollback import RollbackPoint, RollbackPoints
 from streamer.runtime import (
@@ -47,9 +43,6 @@ from streamer.train.export import Exporter, serving_inputs
 from streamer.train.lease import Lease
 from streamer.train.model import load_model
 from streamer.train.trainer import StepHandle, StepsResult, Trainer, choose_strategy
-
-# How often the worker hands freed heap back to the OS (gctune.release_free_memory).
-TRIM_EVERY_S = 60.0
 
 __all__ = ["Worker"]
 
@@ -91,14 +84,12 @@ class Worker(Lifecycle):
         #: ``_build`` where the step runs on an accelerator.
         self.overlap_steps = False
         self._last_data = time.monotonic()
-        self._broker_down_at = -math.inf  # when the probe last found no broker
         #: Until when an idle stop waits for the group's partitions held elsewhere.
         self._idle_grace_until: float | None = None
         self.exporter: Exporter | None = None
         self.summaries: TrainingSummaries | None = None
         self.profiler: ProfileWindow | None = None
         self.evaluator: Evaluator | None = None
-        self.probe: BrokerProbe | None = None
         self._diverged: ModelDivergedError | None = None
         #: A call of several steps failed part way: the model holds steps whose records were
         #: never acknowledged, so no checkpoint may be written from it (``_run_steps``).
@@ -236,10 +227,7 @@ class Worker(Lifecycle):
         self.dataset = self.source.dataset()
         self._build_online()
         self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
-        self.probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
-        tune_gc()  # start-up is done: its objects leave every later collection
-        self._monitor = threading.Thread(target=self._watch, name="streamer-readiness", daemon=True)
-        self._monitor.start()
+        self.start_watch()
 
     def _build_online(self) -> None:
         """Export, TensorBoard summaries, the profiler window and evaluation, as configured."""
@@ -275,36 +263,8 @@ class Worker(Lifecycle):
         self._eval_clock: float | None = None
         self._evaluated_step = -1
 
-    def _watch(self) -> None:
-        """Every second: readiness (model built, broker reachable, partitions assigned) and queues."""
-        trimmed = time.monotonic()
-        while not self._stopping.wait(1.0):
-            if self.probe is not None and not self.probe.up:
-                # No broker answers: an outage is not idleness (--stop-after-idle waits).
-                self._last_data = self._broker_down_at = time.monotonic()
-            self._update_ready()
-            if time.monotonic() - trimmed >= TRIM_EVERY_S:  # a pass may last for days
-                release_free_memory()
-                trimmed = time.monotonic()
-            self.watch_queues()
-
-    def _update_ready(self) -> None:
-        source = self.source  # None once shut down
-        if self._stopping.is_set() or source is None:
-            return
-        if self.probe is not None and not self.probe.up:
-            self.health.set_ready(False, f"no broker reachable at {self.config.bootstrap}")
-            return
-        assigned = source.assigned_partitions()
-        if source.topic_missing:
-            self.health.set_ready(
-                False, f"topic {self.config.topic} does not exist (deleted?); waiting for it"
-            )
-            return
-        if assigned == 0:
-            self.health.set_ready(False, "no partitions assigned")
-            return
-        self.health.set_ready(True, f"model built, {assigned} partitions assigned")
+    def _broker_down(self) -> None:
+        self._last_data = time.monotonic()  # an outage is not idleness (--stop-after-idle waits)
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -930,8 +890,6 @@ class Worker(Lifecycle):
             self.evaluator.close()
         if self.summaries is not None:
             self.summaries.close()
-        if self.probe is not None:
-            self.probe.close()
 
 
 def _describe(cfg: WorkerConfig, decoder: str) -> str:

@@ -243,7 +243,7 @@ class DistributedWorker(Lifecycle):
         self.dataset = self.source.flat_blocks()
         self.batcher = PaddedBatcher(self.schema, cfg.batch_size, pad_after=cfg.pad_after_seconds)
         self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
-        threading.Thread(target=self._watch, name="streamer-readiness", daemon=True).start()
+        self.start_watch()
 
     def _restore(self, topic_id: str | None) -> dict[int, int]:
         """The chief restores the latest checkpoint and every worker takes its state (model,
@@ -282,24 +282,12 @@ class DistributedWorker(Lifecycle):
         assert self.config.checkpoint_dir is not None
         return os.path.join(self.config.checkpoint_dir, f"workertemp_{self.topology.index}")
 
-    def _watch(self) -> None:
-        """Every second: readiness (cluster formed, partitions assigned) and queue depths."""
-        while not self._finished.wait(1.0):
-            source = self.source
-            if source is None:
-                continue
-            self.watch_queues()
-            if self._stopping.is_set():
-                continue
-            assigned = source.assigned_partitions()
-            if not self._formed:
-                self.health.set_ready(False, "waiting for the first round of the cluster")
-            elif assigned == 0:
-                self.health.set_ready(False, "no partitions assigned")
-            else:
-                self.health.set_ready(
-                    True, f"{self.topology.describe()} stepping, {assigned} partitions assigned"
-                )
+    def _readiness(self, assigned: int) -> tuple[bool, str]:
+        if not self._formed:
+            return False, "waiting for the first round of the cluster"
+        if assigned == 0:
+            return False, "no partitions assigned"
+        return True, f"{self.topology.describe()} stepping, {assigned} partitions assigned"
 
     # ---- the input: a thread turns tf.data's decoded blocks into numpy columns ---------------
 

@@ -3,6 +3,7 @@ model): exit codes, shutdown whatever happens, the first stop reason, non-finite
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 import os
@@ -141,3 +142,80 @@ def test_non_finite_steps_in_a_row_stop_the_worker_and_an_applied_step_releases_
     loop.skipped_step(part, off + 2)
     with pytest.raises(ModelDivergedError, match="2 steps in a row"):
         loop.skipped_step(part, off + 4)
+
+
+class _Source:
+    """What readiness reads of a source."""
+
+    def __init__(self, assigned: int, topic_missing: bool = False) -> None:
+        self.assigned, self.topic_missing = assigned, topic_missing
+
+    def assigned_partitions(self) -> int:
+        return self.assigned
+
+
+class _Probe:
+    def __init__(self, up: bool) -> None:
+        self.up = up
+
+
+def _loops() -> list[Lifecycle]:
+    """Both loops, built from a config (nothing started: readiness reads only these parts)."""
+    from streamer.cluster.topology import topology_from
+    from streamer.cluster.worker import DistributedWorker
+    from streamer.worker import Worker
+
+    cfg = load_config({"bootstrap": "127.0.0.1:1", "topic": "t"}, env={})
+    topo = topology_from({"TF_CONFIG": '{"cluster": {"worker": ["a:1", "b:1"]}, '
+                          '"task": {"type": "worker", "index": 0}}'})  # fmt: skip
+    assert topo is not None
+    cluster = DistributedWorker(cfg, topo, status_out=io.StringIO())
+    cluster._formed = True
+    return [Worker(cfg, status_out=io.StringIO()), cluster]
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["worker", "cluster"])
+def test_both_loops_stop_being_ready_without_a_broker_or_with_the_topic_deleted(
+    index: int,
+) -> None:
+    """One readiness for both loops (``Lifecycle.update_ready``): a cluster worker whose broker
+    is away or whose topic was deleted is not ready, like a worker of its own."""
+    loop = _loops()[index]
+    loop.source = _Source(2)  # type: ignore[assignment]
+    loop.probe = _Probe(up=True)  # type: ignore[assignment]
+    loop.update_ready()
+    ready, why = loop.health.readiness()
+    assert ready and "2 partitions assigned" in why, why
+    loop.source = _Source(2, topic_missing=True)  # type: ignore[assignment]
+    loop.update_ready()
+    assert loop.health.readiness() == (False, "topic t does not exist (deleted?); waiting for it")
+    loop.probe = _Probe(up=False)  # type: ignore[assignment]
+    loop.update_ready()
+    assert loop.health.readiness() == (False, "no broker reachable at 127.0.0.1:1")
+    loop.probe = _Probe(up=True)  # type: ignore[assignment]
+    loop.source = _Source(0)  # type: ignore[assignment]
+    loop.update_ready()
+    assert loop.health.readiness() == (False, "no partitions assigned")
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["worker", "cluster"])
+def test_both_loops_tune_the_gc_and_trim_the_heap(
+    index: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``start_watch`` (both loops call it once built): the GC tuned once, and the freed heap
+    handed back every TRIM_EVERY_S from the watch thread."""
+    import streamer.lifecycle as lifecycle
+
+    loop = _loops()[index]
+    calls: list[str] = []
+    monkeypatch.setattr(lifecycle, "tune_gc", lambda: calls.append("tune"))
+    monkeypatch.setattr(lifecycle, "release_free_memory", lambda: calls.append("trim"))
+    monkeypatch.setattr(lifecycle, "TRIM_EVERY_S", 0.5)
+    loop.config = dataclasses.replace(loop.config, bootstrap=None)  # no probe thread
+    loop.start_watch()
+    deadline = time.monotonic() + 10
+    while calls.count("trim") < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    loop._finished.set()
+    assert calls[0] == "tune" and calls.count("tune") == 1
+    assert calls.count("trim") >= 2, calls
