@@ -693,7 +693,7 @@ _CLI_LOGGING = """
 import logging, sys
 from consumers.redact import protect
 from consumers.settings import Secret, SecuritySettings
-from streamer.cli.commands import configure_logging
+from streamer.cli.logs import configure_logging
 
 password = sys.argv[1]
 configure_logging("DEBUG")

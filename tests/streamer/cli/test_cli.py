@@ -315,9 +315,9 @@ def test_an_error_of_ours_still_comes_out_whole(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_the_other_commands_take_their_enumerations_in_any_case() -> None:
-    from streamer.cli.commands import _parsers
+    from streamer.cli.commands import parsers
 
-    parser, _ = _parsers()
+    parser, _ = parsers()
     args = parser.parse_args(["lag", "--group", "g", "--isolation-level", "READ_UNCOMMITTED"])
     assert args.isolation_level == "read_uncommitted"
     args = parser.parse_args(

@@ -72,8 +72,8 @@ def test_after_the_run_a_late_copy_of_the_signal_never_kills_the_exiting_process
 
     code = (
         "import os, signal\n"
-        "from streamer.cli.commands import _exit_guard\n"
-        "_exit_guard(0, 30)\n"
+        "from streamer.cli.base import exit_guard\n"
+        "exit_guard(0, 30)\n"
         "os.kill(os.getpid(), signal.SIGINT)\n"
         "os.kill(os.getpid(), signal.SIGTERM)\n"
         "print('still here')\n"
