@@ -36,6 +36,15 @@ from streamer.runtime import (
     stream_start,
 )
 from streamer.stopping import StopKind, StopReason
+from streamer.train.callbacks import (
+    CallbackList,
+    Every,
+    LeaseCheck,
+    Profiler,
+    TensorBoard,
+    TrainMetricReport,
+    WhenDue,
+)
 from streamer.train.checkpoint import Checkpointer
 from streamer.train.errors import ModelDivergedError
 from streamer.train.evaluate import Evaluator
@@ -96,8 +105,10 @@ class Worker(Lifecycle):
         self._untracked = False
         self._final_lag: int | None = None  # the lag as the last pass ended (status line)
         self._start: StreamStart | None = None
-        self._metrics_window = time.monotonic()
-        self._steps_in_window = 0  # steps since the last report of the model's metrics
+        #: What happens around steps (``streamer.train.callbacks``), in order; each part is
+        #: appended as it is built, so the run's end closes whatever was opened.
+        self.callbacks = CallbackList()
+        self.reports: TrainMetricReport | None = None
         #: This worker's hold on its --checkpoint-dir (one writer per directory).
         self.lease: Lease | None = None
         #: The checkpoints a loss of partitions may go back to (``_roll_back``).
@@ -143,6 +154,7 @@ class Worker(Lifecycle):
             # First, before anything reads the directory or joins the group: a second worker
             # on the same directory is refused here (CheckpointDirInUseError, exit 2).
             self.lease = Lease.acquire(cfg.checkpoint_dir)
+            self.callbacks.append(LeaseCheck(self.lease))
         if cfg.seed is not None:
             tf.keras.utils.set_random_seed(cfg.seed)
         if cfg.mixed_precision:
@@ -257,6 +269,28 @@ class Worker(Lifecycle):
                 idle_timeout=min(2.0, cfg.pipeline_settings().idle_timeout_seconds),
                 decoder=cfg.decoder,
             )
+        self.reports = TrainMetricReport(
+            cfg.status_interval,
+            lambda: self.trainer.metric_values(reset=True),
+            metrics=metrics,
+            status=lambda: self.status,
+            summaries=self.summaries,
+        )
+        for callback in (
+            Profiler(self.profiler) if self.profiler is not None else None,
+            self.reports,
+            TensorBoard(self.summaries) if self.summaries is not None else None,
+            WhenDue(
+                lambda _: self._evaluation_due(), lambda _: self._evaluate(), self.evaluator.close
+            )
+            if self.evaluator is not None
+            else None,
+            Every(cfg.export_every_steps, lambda _: self._export())
+            if self.exporter is not None
+            else None,
+        ):
+            if callback is not None:
+                self.callbacks.append(callback)
         self._run_start_step = self._exported_step = self.step
         # --eval-every-seconds counts from the first step of this run and then from the end of
         # the previous evaluation (so a slow evaluation never runs back to back with the next).
@@ -420,15 +454,13 @@ class Worker(Lifecycle):
                 if source.rollback is not None:
                     break  # partitions were lost: the pass ends, the model goes back
                 if self.config.steps_per_execution > 1:
-                    if self.profiler is not None:
-                        k = self.config.steps_per_execution
-                        self.profiler.before_steps(self.step, self.step + k)
+                    k = self.config.steps_per_execution
+                    self.callbacks.on_train_batch_begin(self.step, {"steps": k})
                     if self._run_steps(iterator):
                         exhausted = True
                         break
                     continue
-                if self.profiler is not None:
-                    self.profiler.before_step(self.step)
+                self.callbacks.on_train_batch_begin(self.step, {"steps": 1})
                 t0 = time.perf_counter()
                 self.health.waiting("trainer", "waiting for input")
                 batch = source.next_batch(iterator)  # a step in flight runs meanwhile
@@ -649,47 +681,19 @@ class Worker(Lifecycle):
 
     # ---- export, summaries, profiling, evaluation ---------------------------------------------
 
-    def _publish_train_metrics(self, force: bool = False) -> None:
-        """The model's metrics over the window since the last report: Prometheus, TensorBoard.
-
-        A window is --status-interval seconds of training (Keras resets its metrics each
-        epoch; a stream has no epochs), and ends early before an evaluation, which shares the
-        model's metric state.
-        """
-        now = time.monotonic()
-        if not force and now - self._metrics_window < self.config.status_interval:
-            return
-        if not self._steps_in_window:
-            return  # no step since the last report: an empty window reads 0, a false figure
-        self._metrics_window, self._steps_in_window = now, 0
-        values = self.trainer.metric_values(reset=True)
-        if not values:
-            return
-        assert self.metrics is not None
-        self.metrics.observe_train_metrics(values)
-        if self.status is not None:
-            self.status.show_metrics(values)
-        if self.summaries is not None:
-            self.summaries.train_metrics(self.step, values)
-
     def _after_step(self, samples: int, input_wait_seconds: float, steps: int = 1) -> None:
         """What follows ``steps`` steps that ended at ``self.step`` (several: one call of
         --steps-per-execution, after all of them ran: an export or evaluation due at a step
-        among them runs once, with the model as the call left it)."""
-        cfg = self.config
-        if self.lease is not None:
-            self.lease.check()  # taken over by another worker: train no further, save nothing
-        if self.profiler is not None:
-            self.profiler.after_step(self.step)
-        self._steps_in_window += steps
-        self._publish_train_metrics()
-        if self.summaries is not None:
-            self.summaries.observe(self.step, self.loss, samples, input_wait_seconds)
-        if self.evaluator is not None and self._evaluation_due():
-            self._evaluate()
-        every = cfg.export_every_steps
-        if self.exporter is not None and self.step // every > (self.step - steps) // every:
-            self._export()
+        among them runs once, with the model as the call left it): the callbacks."""
+        self.callbacks.on_train_batch_end(
+            self.step,
+            {
+                "loss": self.loss,
+                "samples": samples,
+                "input_wait_seconds": input_wait_seconds,
+                "steps": steps,
+            },
+        )
 
     def _export(self) -> None:
         assert self.exporter is not None
@@ -733,7 +737,8 @@ class Worker(Lifecycle):
 
     def _evaluate(self) -> None:
         assert self.evaluator is not None and self.metrics is not None
-        self._publish_train_metrics(force=True)  # evaluation resets the model's metrics
+        if self.reports is not None:
+            self.reports.report(self.step)  # evaluation resets the model's metrics
         self._evaluated_step = self.step
         t0 = time.monotonic()
         try:
@@ -858,7 +863,8 @@ class Worker(Lifecycle):
                 if not committer.checkpointing:
                     committer.commit(committer.done_points(), self.step)
                 return
-            self._publish_train_metrics(force=True)
+            if self.reports is not None:
+                self.reports.report(self.step)
             if self.source.reject_limit is None:
                 self.source.settle_rejects()  # the pass's rejects are judged: commit past them
             checkpoints = committer.checkpoints
@@ -878,18 +884,10 @@ class Worker(Lifecycle):
                 and not lease_lost
             ):
                 self._roll_back()
-            if self.summaries is not None:
-                self.summaries.flush()
+            self.callbacks.on_pass_end(self.step)
 
     def _close_more(self) -> None:
-        if self.lease is not None:  # after the input's last commits
-            self.lease.close()
-        if self.profiler is not None:
-            self.profiler.finish()
-        if self.evaluator is not None:
-            self.evaluator.close()
-        if self.summaries is not None:
-            self.summaries.close()
+        self.callbacks.on_train_end()  # after the input's last commits (the lease's release)
 
 
 def _describe(cfg: WorkerConfig, decoder: str) -> str:

@@ -394,7 +394,7 @@ def test_second_worker_joins_then_leaves_nothing_lost_one_owner_at_a_time(
 
 # ---- 2. two workers with one group instance id -------------------------------------------------
 
-_FENCED_ERROR = re.compile(r"ERROR streamer\.worker: .*fenced.*'same-shard-0'")
+_FENCED_ERROR = re.compile(r"ERROR streamer\.lifecycle: .*fenced.*'same-shard-0'")
 
 
 @pytest.mark.kafka

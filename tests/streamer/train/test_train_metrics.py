@@ -36,12 +36,14 @@ def test_the_compiled_metrics_reach_prometheus_and_the_status_line() -> None:
     assert code == 0, log
     value = worker.metrics.registry.get_sample_value("streamer_train_metric", {"metric": "mae"})
     assert value is not None and math.isfinite(value) and value > 0, value
-    shown = [float(m) for m in re.findall(r"^streamer\.worker: progress .* mae=(\S+)", log, re.M)]
+    shown = [
+        float(m) for m in re.findall(r"^streamer\.ops\.status: progress .* mae=(\S+)", log, re.M)
+    ]
     assert shown and all(math.isfinite(v) for v in shown), log
     assert all(v > 0 for v in shown), log
     # A report with no step since the last one (a pass that ended idle, the stop) leaves the
     # figures as they are: Keras' metrics read 0 after a reset, a false figure.
-    worker._publish_train_metrics(force=True)
+    worker.reports.report(worker.step)
     after = worker.metrics.registry.get_sample_value("streamer_train_metric", {"metric": "mae"})
     assert after == value, (after, value)
 
