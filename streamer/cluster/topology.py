@@ -223,11 +223,13 @@ class Control:
     stop (signal, --max-steps); ``DONE``: its input is finished or idle for
     --stop-after-idle; ``CHECKPOINT``: the chief's clock says a checkpoint is due; ``FULL``:
     the batch was full (its input has more waiting); ``LOSS``: Σ weight·loss of this
-    worker's previous training step (the previous global loss comes for free).
+    worker's previous training step (the previous global loss comes for free); ``REPORT``:
+    the chief's window of train metrics is over (every worker reads them, an all-reduce, at
+    the same round).
     """
 
-    REAL, STOP, DONE, CHECKPOINT, FULL, LOSS = range(6)
-    SIZE = 6
+    REAL, STOP, DONE, CHECKPOINT, FULL, LOSS, REPORT = range(7)
+    SIZE = 7
 
     @staticmethod
     def local(
@@ -238,6 +240,7 @@ class Control:
         checkpoint: bool,
         full: bool,
         loss_sum: float,
+        report: bool = False,
     ) -> npt.NDArray[np.float32]:
         vec = np.zeros(Control.SIZE, dtype=np.float32)
         vec[Control.REAL] = real
@@ -246,6 +249,7 @@ class Control:
         vec[Control.CHECKPOINT] = float(checkpoint)
         vec[Control.FULL] = float(full)
         vec[Control.LOSS] = loss_sum
+        vec[Control.REPORT] = float(report)
         return vec
 
 
@@ -259,6 +263,7 @@ class RoundDecision:
     stop: StopReason | None  # why the cluster stops after this round (None: go on)
     checkpoint: bool
     drain: bool = False  # a stop was asked: from the next round on, train what was read, stop
+    report: bool = False  # every worker reads and reports the train metrics now
 
 
 def decide(
@@ -325,6 +330,7 @@ def decide(
         stop=stop,
         checkpoint=moved and (due or stop is not None),
         drain=drain,
+        report=vec[Control.REPORT] > 0,
     )
 
 

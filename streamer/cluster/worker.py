@@ -59,6 +59,7 @@ from streamer.runtime import (
     stream_start,
 )
 from streamer.stopping import StopKind, StopReason
+from streamer.train.callbacks import CallbackList, TrainMetricReport
 from streamer.train.checkpoint import Checkpointer
 from streamer.train.model import load_model
 
@@ -74,8 +75,6 @@ _NO_IDLE_END_S = 10.0**9
 #: After a lost peer: the seconds given to closing the consumers, and to all of the clean-up
 #: before the process exits anyway.
 _ABORT_CLOSE_S = 1.0
-#: The model's compiled metrics are read (an all-reduce) and reported every this many steps.
-_TRAIN_METRICS_EVERY_STEPS = 100
 _ABORT_CLEANUP_S = 5.0
 
 
@@ -164,6 +163,16 @@ class DistributedWorker(Lifecycle):
         self._reader_stop = threading.Event()
         self.blocks: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_BLOCKS)
         self._formed = False
+        #: The train-metric window: the chief votes when it is over (``Control.REPORT``).
+        self.reports = TrainMetricReport(
+            config.status_interval,
+            lambda: self.steps.metric_values(),
+            metrics=None,
+            status=lambda: self.status,
+            automatic=False,
+        )
+        #: What happens around a round's step (``streamer.train.callbacks``), in order.
+        self.callbacks = CallbackList([self.reports])
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -182,6 +191,7 @@ class DistributedWorker(Lifecycle):
         # Metrics and probes first (no TensorFlow op): forming the cluster waits for every
         # worker, and a probe should find this one alive meanwhile.
         metrics = self.metrics = new_metrics(cfg, workers=topo.count)
+        self.reports.metrics = metrics
         self.server = serve_metrics(cfg, metrics, self.health)
         from streamer.ops.tfstart import quiet_start
 
@@ -368,6 +378,9 @@ class DistributedWorker(Lifecycle):
             return 1
         return exc.exit_code
 
+    def _close_more(self) -> None:
+        self.callbacks.on_train_end()
+
     def _crashed(self, exc: Exception) -> int:
         # A bug or an unexpected library error: the peers must not wait in a collective for
         # this worker, so it ends like a lost peer would (exit_now).
@@ -438,6 +451,7 @@ class DistributedWorker(Lifecycle):
                     checkpoint=timer,
                     full=batch.real == batch.size,
                     loss_sum=loss_sum,
+                    report=topo.chief and self.reports.due(),
                 )
             )
             if loss_rows:
@@ -470,6 +484,8 @@ class DistributedWorker(Lifecycle):
                 drain_until = self._begin_drain()
             if decision.stop is not None and self.source.reject_limit is None:
                 self.source.settle_rejects()  # a clean stop: the rejects so far are judged
+            if decision.report:  # reading Keras' metrics all-reduces them: every worker now
+                self.reports.report(self.step)
             committer.after_step(
                 self.step, agreed=decision.checkpoint, final=decision.stop is not None
             )
@@ -499,12 +515,15 @@ class DistributedWorker(Lifecycle):
         if rows and applied:
             loss = None if np.isnan(self.loss) else self.loss
             metrics.observe_step(batch.real, seconds, batch.waited, loss)
-            if self.step % _TRAIN_METRICS_EVERY_STEPS == 0:
-                # Reading Keras' metrics all-reduces them: every worker at the same step.
-                values = self.steps.metric_values()
-                metrics.observe_train_metrics(values)
-                if self.status is not None:
-                    self.status.show_metrics(values)
+            self.callbacks.on_train_batch_end(
+                self.step,
+                {
+                    "loss": self.loss,
+                    "samples": batch.real,
+                    "input_wait_seconds": batch.waited,
+                    "steps": 1,
+                },
+            )
         metrics.observe_round(batch.padded, idle=not rows)
         self.health.beat("trainer")
         self._formed = True

@@ -269,7 +269,9 @@ def _decide(ctrl: np.ndarray, **kw: Any) -> RoundDecision:
 
 
 def test_control_slots_are_distinct_and_fill_the_vector() -> None:
-    vec = Control.local(real=7, stop=True, done=False, checkpoint=True, full=False, loss_sum=2.5)
+    vec = Control.local(
+        real=7, stop=True, done=False, checkpoint=True, full=False, loss_sum=2.5, report=True
+    )
     assert vec.dtype == np.float32 and vec.shape == (Control.SIZE,)
     slots = [
         Control.REAL,
@@ -278,16 +280,17 @@ def test_control_slots_are_distinct_and_fill_the_vector() -> None:
         Control.CHECKPOINT,
         Control.FULL,
         Control.LOSS,
+        Control.REPORT,
     ]
     assert sorted(slots) == list(range(Control.SIZE))
-    assert [vec[s] for s in slots] == [7.0, 1.0, 0.0, 1.0, 0.0, 2.5]
+    assert [vec[s] for s in slots] == [7.0, 1.0, 0.0, 1.0, 0.0, 2.5, 1.0]
 
 
 def test_the_global_rows_are_rounded_from_the_float_sum() -> None:
     """The all-reduce sums float32: a count a hair off an integer is that integer."""
-    r = _decide(np.array([255.99998, 0, 0, 0, 0, 0], np.float32))
+    r = _decide(np.array([255.99998, 0, 0, 0, 0, 0, 0], np.float32))
     assert (r.train, r.global_rows) == (True, 256)
-    idle = _decide(np.array([0.00001, 0, 0, 0, 0, 0], np.float32))
+    idle = _decide(np.array([0.00001, 0, 0, 0, 0, 0, 0], np.float32))
     assert (idle.train, idle.global_rows) == (False, 0)
 
 
@@ -347,3 +350,10 @@ def test_lost_worker_counts_the_chief_before_the_workers() -> None:
 def test_lost_worker_ignores_jobs_of_other_names() -> None:
     t = _topology({"TF_CONFIG": tf_config(["a:1", "b:1"], 0)})
     assert lost_worker("/job:ps/replica:0/task:1 is gone", t) == "a peer"
+
+
+def test_the_chiefs_report_vote_is_every_workers_decision() -> None:
+    """The train-metric window is the chief's clock: its vote makes every worker read the
+    metrics (an all-reduce) at the same round."""
+    assert _decide(_ctrl(report=True) + _ctrl()).report
+    assert not _decide(_ctrl() + _ctrl()).report
