@@ -125,11 +125,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--big-mb", type=float, default=100.0, help="weights of the big model")
     parser.add_argument("--saves", type=int, default=7, help="saves per model (median)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps timed per model [default: 300 and 30]"
+    )
     args = parser.parse_args()
     schema = SimulatorTask().schema()
     results = [
-        measure("built-in MLP", load_model(None, schema), args.saves, 300),
-        measure(f"{args.big_mb:g} MB embedding", big_model(args.big_mb), args.saves, 30),
+        measure("built-in MLP", load_model(None, schema), args.saves, args.steps or 300),
+        measure(
+            f"{args.big_mb:g} MB embedding", big_model(args.big_mb), args.saves, args.steps or 30
+        ),
     ]
     print(
         "| model | weights | checkpoint on disk | save (median / max) | restore | step (batch 256) |"

@@ -12,27 +12,97 @@ at idle, so every configuration stops the clock at ``records - 256``).
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import signal
+import socket
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from streamer.input.simulator import produce
-from tests.streamer.cluster.test_multiworker import checkpoints, start_cluster
-from tests.workerutil import WorkerProcess, free_port, http_get, parse_metrics
 
 OUT = Path("runs/multiworker-bench")
+
+#: The line a cluster worker logs for each checkpoint (``streamer.cluster.worker``).
+_CHECKPOINT = re.compile(r"checkpoint \S+ at step (\d+) weights [0-9a-f]+")
+
+
+class WorkerProcess:
+    """One ``streamer run`` process, its output in a log file."""
+
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
+        self.log_path = log
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "streamer.cli", "run", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
+        self.pid = self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, seconds: float) -> int:
+        return self.proc.wait(seconds)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def tail(self) -> str:
+        return self.log()[-3000:]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_cluster(
+    n: int, args_of: Callable[[int], list[str]], logs: Path, tag: str
+) -> list[WorkerProcess]:
+    """N workers of one model, each with its TF_CONFIG (what ``streamer launch`` does)."""
+    hosts = [f"127.0.0.1:{free_port()}" for _ in range(n)]
+
+    def tf_config(i: int) -> str:
+        return json.dumps({"cluster": {"worker": hosts}, "task": {"type": "worker", "index": i}})
+
+    return [
+        WorkerProcess(
+            [*args_of(i), "--worker-id", f"{tag}-w{i}"],
+            logs / f"{tag}-w{i}.log",
+            {"TF_CONFIG": tf_config(i)},
+        )
+        for i in range(n)
+    ]
+
+
+def checkpoints(text: str) -> list[int]:
+    """The steps of the checkpoints a worker logged."""
+    return [int(step) for step in _CHECKPOINT.findall(text)]
 
 
 def _trained(ports: list[int]) -> float | None:
     total = 0.0
     for port in ports:
-        status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=2)
-        if status != 200:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+                body = r.read().decode()
+        except OSError:
             return None
-        total += sum(v for _, v in parse_metrics(body).get("streamer_samples_trained_total", []))
+        for family in text_string_to_metric_families(body):
+            if family.name == "streamer_samples_trained":  # the parser drops _total
+                total += sum(s.value for s in family.samples if s.name.endswith("_total"))
     return total
 
 
@@ -63,9 +133,7 @@ def rate(bootstrap: str, records: int, rounds: int) -> None:
 
     def single(batch: int, shards: int) -> tuple[float, float]:
         group, port = f"g-{uuid.uuid4().hex[:8]}", free_port()
-        w = WorkerProcess.start(
-            _args(bootstrap, topic, group, batch, shards, port), OUT / f"{group}.log"
-        )
+        w = WorkerProcess(_args(bootstrap, topic, group, batch, shards, port), OUT / f"{group}.log")
         result = _clock([w], [port], records)
         assert w.wait(120) == 0, w.tail()
         return result
@@ -100,7 +168,7 @@ def kill(bootstrap: str, victim: int, rounds: int) -> None:
             "--batch-size", "128", "--metrics-port", "0", "--checkpoint-every-steps", "20",
             "--checkpoint-dir", str(OUT / f"ckpt-{topic}"),
         ]  # fmt: skip
-        ws = start_cluster(2, lambda _i, a=args: a, OUT, f"kill-{topic}")
+        ws = start_cluster(2, lambda _i, a=tuple(args): list(a), OUT, f"kill-{topic}")  # type: ignore[misc]
         deadline = time.monotonic() + 300
         while len(checkpoints(ws[0].log())) < 2:
             assert time.monotonic() < deadline and all(w.alive() for w in ws)
