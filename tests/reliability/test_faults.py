@@ -180,6 +180,10 @@ def test_worker_waits_for_a_missing_topic_then_trains_it(
 # ---- broker restart mid-stream ------------------------------------------------------------
 
 
+#: A shard of a new pass that could not reach the broker (``consumers.shard``).
+_BOOTSTRAP_FAILED = re.compile(r"consumers\.shard: shard \d+: no Kafka broker answered")
+
+
 def _trained(audit: Path) -> set[tuple[int, int]]:
     """(partition, offset) of every complete audit line (the worker may be mid-write)."""
     try:
@@ -265,11 +269,13 @@ def test_worker_survives_a_broker_restart_without_losing_records(
         else:
             broker.kill()
         if pass_boundary:
-            # Long enough for a pass to end idle (3 s), its shards to give up their final
-            # commit and a new pass to fail bootstrapping its consumers (10 s each).
-            deadline = time.monotonic() + 40
-            while worker.alive() and time.monotonic() < deadline:
-                time.sleep(0.5)
+            # Until a pass ended idle (3 s), its shards gave up their final commit and a new
+            # pass failed to bootstrap its consumers (10 s each): seen in the log, not guessed.
+            worker.wait_for(
+                lambda: _BOOTSTRAP_FAILED.search(worker.log()) is not None,
+                90,
+                "a new pass's shards failing to reach the broker",
+            )
         else:
             time.sleep(5)
         assert worker.alive(), f"worker died while the broker was down\n{worker.tail()}"
