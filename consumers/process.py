@@ -319,14 +319,21 @@ class _ForwardLogs(logging.Handler):
     def __init__(self, send: Any) -> None:
         super().__init__()
         self._send = send
+        #: The parent is gone (killed): nobody reads the pipe, so records are dropped quietly
+        #: while the child closes its shard, instead of a traceback each on stderr.
+        self.parent_gone = False
 
     def emit(self, record: logging.LogRecord) -> None:
+        if self.parent_gone:
+            return
         try:
             if record.exc_info and not record.exc_text:
                 record.exc_text = logging.Formatter().formatException(record.exc_info)
             fields = dict(record.__dict__)
             fields.update(msg=record.getMessage(), args=None, exc_info=None)
             self._send(LogRecord(fields))
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            self.parent_gone = True
         except Exception:  # a record we cannot send must never break the child
             self.handleError(record)
 
