@@ -10,5 +10,6 @@
   the dead-letter writer;
 - ``shuffle``: the shuffle window; ``pipeline``: ``PipelineSettings``;
 - ``probe``: is a broker reachable (readiness); ``simulator``: the embedded simulator's
-  shards and ``streamer simulate``'s producer.
+  shards and ``streamer simulate``'s producer;
+- ``errors``: the errors of the input path above the consumers (the pipeline, the breaker).
 """
