@@ -907,38 +907,32 @@ def run_bench(
             return blocks[cs.topic]
 
         base, _, _n = mode.partition("@")
-        pipe = dict(schema=sch, costs=sink, steps_per_execution=spe, decoder=decoder)
-        work = dict(costs=sink, steps_per_execution=spe, decoder=decoder)
+        # Every mode of one key measured the same way: this run's schema, cost sink,
+        # --steps-per-execution and --decoder.
+        pipeline = functools.partial(
+            bench_pipeline, schema=sch, costs=sink, steps_per_execution=spe, decoder=decoder
+        )
+        worker = functools.partial(
+            bench_worker, costs=sink, steps_per_execution=spe, decoder=decoder
+        )
         return {
             "decode-only": lambda cs: bench_decode_only(cached(cs), sch, decoder),
             "tf-only": lambda cs: bench_tf_only(cached(cs)),
             "raw": lambda cs: bench_raw(cs, records, sink),
             "naive": lambda cs: bench_naive(cs, min(records, naive_records), decoder=decoder),
-            "pipeline": lambda cs: bench_pipeline(cs, records, **pipe),  # type: ignore[arg-type]
+            "pipeline": lambda cs: pipeline(cs, records),
             "pipeline-shuffle": lambda cs: bench_pipeline(
-                cs,
-                records,
-                shuffle_buffer=SHUFFLE_BUFFER,
-                schema=sch,
-                costs=sink,
-                decoder=decoder,
+                cs, records, shuffle_buffer=SHUFFLE_BUFFER, schema=sch, costs=sink, decoder=decoder
             ),
-            "pipeline-process": lambda cs: bench_pipeline(process(cs), records, **pipe),  # type: ignore[arg-type]
-            "worker": lambda cs: bench_worker(cs, records, **work),  # type: ignore[arg-type]
-            "worker-process": lambda cs: bench_worker(cs, records, runtime="process", **work),  # type: ignore[arg-type]
+            "pipeline-process": lambda cs: pipeline(process(cs), records),
+            "worker": lambda cs: worker(cs, records),
+            "worker-process": lambda cs: worker(cs, records, runtime="process"),
             "raw-confluent": lambda cs: bench_raw(confluent(cs), records, sink),
-            "pipeline-confluent": lambda cs: bench_pipeline(confluent(cs), records, **pipe),  # type: ignore[arg-type]
-            "pipeline-confluent-process": lambda cs: bench_pipeline(
-                process(confluent(cs)),
-                records,
-                **pipe,  # type: ignore[arg-type]
-            ),
-            "worker-confluent": lambda cs: bench_worker(confluent(cs), records, **work),  # type: ignore[arg-type]
-            "worker-confluent-process": lambda cs: bench_worker(
-                confluent(cs),
-                records,
-                runtime="process",
-                **work,  # type: ignore[arg-type]
+            "pipeline-confluent": lambda cs: pipeline(confluent(cs), records),
+            "pipeline-confluent-process": lambda cs: pipeline(process(confluent(cs)), records),
+            "worker-confluent": lambda cs: worker(confluent(cs), records),
+            "worker-confluent-process": lambda cs: worker(
+                confluent(cs), records, runtime="process"
             ),
         }[base]
 

@@ -295,8 +295,9 @@ class DistributedWorker(Lifecycle):
     def _readiness(self, assigned: int) -> tuple[bool, str]:
         if not self._formed:
             return False, "waiting for the first round of the cluster"
-        if assigned == 0:
-            return False, "no partitions assigned"
+        ready, why = super()._readiness(assigned)
+        if not ready:
+            return ready, why
         return True, f"{self.topology.describe()} stepping, {assigned} partitions assigned"
 
     # ---- the input: a thread turns tf.data's decoded blocks into numpy columns ---------------
