@@ -515,7 +515,6 @@ def bench_worker(
     finally:
         ended.set()
         watcher.join(5)
-    assert worker.metrics is not None
     reg = worker.metrics.registry
     samples = reg.get_sample_value("streamer_samples_trained_total", {"topic": cs.topic}) or 0.0
     wait = reg.get_sample_value("streamer_input_wait_seconds_sum") or 0.0
@@ -547,7 +546,7 @@ def _watch_worker(
     trainer has trained them)."""
 
     def trained() -> float:
-        reg = worker.metrics.registry if worker.metrics is not None else None
+        reg = worker.parts.metrics.registry if worker.parts is not None else None
         got = reg.get_sample_value("streamer_samples_trained_total", {"topic": topic}) if reg else 0
         return float(got or 0.0)
 
@@ -733,7 +732,6 @@ def bench_freshness(
     time.sleep(1.0)
     # The steady state, as the producer stops: the records of the last partial batch wait for
     # the end of the pass (the idle timeout), which no live stream has.
-    assert worker.metrics is not None
     out = _age_quantiles(worker.metrics.registry, (0.5, 0.9, 0.99))
     worker.request_stop(StopReason.requested("the freshness run is over"))
     runner.join(120)

@@ -17,26 +17,26 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Generic
 
 import numpy as np
 
 from consumers.errors import StreamerError
+from streamer.committer import CommitSchedule, Committer
 from streamer.config import WorkerConfig
-from streamer.input.probe import BrokerProbe
-from streamer.ops.audit import AuditLog
 from streamer.ops.gctune import release_free_memory, tune_gc
-from streamer.ops.health import Health, MetricsServer
+from streamer.ops.health import Health
 from streamer.ops.metrics import Metrics
 from streamer.ops.signals import SignalWatch, StopOnSignal
 from streamer.ops.status import StatusLine
+from streamer.parts import MissingPartError, Parts, Plan, StepT, build_parts
 from streamer.stopping import StopReason
+from streamer.train.callbacks import CallbackList, LeaseCheck
 from streamer.train.errors import ModelDivergedError
 from streamer.train.nonfinite import NonFiniteSteps, describe_offsets
 
 if TYPE_CHECKING:
     from streamer.input.source import StreamSource
-    from streamer.train.checkpoint import Checkpointer
 
 __all__ = ["Lifecycle"]
 
@@ -47,12 +47,13 @@ log = logging.getLogger(__name__)
 TRIM_EVERY_S = 60.0
 
 
-class Lifecycle:
-    """The shared life of a worker; subclasses implement ``_run`` (build, then loop).
+class Lifecycle(Generic[StepT]):
+    """The shared life of a worker; subclasses implement ``_run`` (``build``, then loop).
 
     ``run()`` installs the signal answer (on the main thread), builds, runs the loop and
     returns the exit code (README: exit codes); whatever happens, ``_shutdown`` closes what
-    was opened, and the shutdown watchdog of a signal is released.
+    was opened, and the shutdown watchdog of a signal is released. ``build(plan)`` builds
+    the run's parts once (``streamer.parts``), its committer, status line and watch.
     """
 
     #: What a first SIGTERM/SIGINT does, in the log line that acknowledges it.
@@ -64,14 +65,16 @@ class Lifecycle:
         self.step = 0
         self.loss = float("nan")
         self.health = Health(config.stall_timeout)
-        self.metrics: Metrics | None = None
-        self.server: MetricsServer | None = None
-        self.checkpointer: Checkpointer | None = None
-        self.source: StreamSource | None = None
-        self.audit: AuditLog | None = None
+        #: Everything the run needs, built once by ``build`` (``streamer.parts``).
+        self.parts: Parts[StepT] | None = None
+        self._committer: Committer | None = None
         self.status: StatusLine | None = None
-        #: Whether a broker answers (``start_watch``; None without Kafka: the simulator).
-        self.probe: BrokerProbe | None = None
+        #: What happens around steps (``streamer.train.callbacks``), in order; each loop
+        #: appends its own, so the run's end closes whatever was opened.
+        self.callbacks = CallbackList()
+        #: The input was closed (shutdown): the source is not read nor watched again.
+        self._input_closed = False
+        self._parts_closed = False
         #: When the probe last found no broker (an outage is not idleness).
         self._broker_down_at = -math.inf
         self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
@@ -86,6 +89,70 @@ class Lifecycle:
             log=log,
         )
         self._signal_watch: SignalWatch | None = None
+
+    # ---- the parts ------------------------------------------------------------------------------
+
+    def build(self, plan: Plan[StepT]) -> Parts[StepT]:
+        """The run's parts (``build_parts``), then what the loops share on top of them: the
+        committer (commit and checkpoint schedules, ``_save``), the status line, the lease
+        check, the watch thread. The configuration from here on is the resolved one."""
+        parts = build_parts(self.config, plan, health=self.health, stop=self._stopping)
+        self.parts = parts
+        cfg = self.config = parts.config
+        self.step = parts.step
+        self._committer = Committer(
+            parts.source,
+            parts.tracker,
+            parts.position,
+            parts.metrics,
+            commits=CommitSchedule(
+                cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
+            ),
+            checkpoints=None
+            if parts.checkpointer is None
+            else CommitSchedule(
+                cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, step=self.step
+            ),
+            save=None if parts.checkpointer is None else self._save,
+            audit=parts.audit,
+            to_group=cfg.commits,  # a replay without --replay-group commits to no group
+        )
+        self.status = StatusLine(
+            self.status_out, cfg.status_interval, parts.metrics, lag=self.status_lag()
+        )
+        if parts.lease is not None:
+            self.callbacks.append(LeaseCheck(parts.lease))
+        self.start_watch()
+        return parts
+
+    @property
+    def built(self) -> Parts[StepT]:
+        """The run's parts (MissingPartError before ``build``)."""
+        if self.parts is None:
+            raise MissingPartError("parts yet", "they are built as the run starts")
+        return self.parts
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.built.metrics
+
+    @property
+    def committer(self) -> Committer:
+        if self._committer is None:
+            raise MissingPartError("committer yet", "it is built with the parts")
+        return self._committer
+
+    @property
+    def source(self) -> StreamSource | None:
+        """The input, while it is open (None before the build and once shut down)."""
+        if self.parts is None or self._input_closed:
+            return None
+        return self.parts.source
+
+    def _save(self, step: int, positions: dict[int, int]) -> dict[int, int] | None:
+        """Write a checkpoint of ``step`` at ``positions``; what to commit, or None when it
+        failed (the committer's save; a hook)."""
+        raise NotImplementedError
 
     # ---- stopping -----------------------------------------------------------------------------
 
@@ -113,8 +180,7 @@ class Lifecycle:
         stop that came as a pass began was cleared by its resume()); returns the deadline."""
         seconds = self._drain_seconds()
         log.info("stopping: training the records already read first (at most %.0fs)", seconds)
-        assert self.source is not None
-        self.source.stop()
+        self.built.source.stop()
         return time.monotonic() + seconds
 
     # ---- the run ------------------------------------------------------------------------------
@@ -150,13 +216,6 @@ class Lifecycle:
         """A bug or an unexpected library error (a hook; by default it propagates)."""
         raise exc
 
-    def new_status(self) -> StatusLine:
-        assert self.metrics is not None
-        self.status = StatusLine(
-            self.status_out, self.config.status_interval, self.metrics, lag=self.status_lag()
-        )
-        return self.status
-
     def status_lag(self) -> Callable[[], int] | None:
         """What the status line shows as lag, where not the consumer's lag (a hook)."""
         return None
@@ -170,7 +229,6 @@ class Lifecycle:
         wait (not acknowledged) for the next applied step; --max-nonfinite-steps in a row stop
         the worker (ModelDivergedError: exit 3, no checkpoint). ``everywhere``: a cluster's
         verdict, the same on every worker."""
-        assert self.metrics is not None
         self.metrics.observe_nonfinite_step()
         self.health.beat("trainer")
         limit = self.config.max_nonfinite_steps
@@ -186,7 +244,8 @@ class Lifecycle:
             limit,
         )
         if stop:
-            checkpoint = self.checkpointer.latest if self.checkpointer is not None else None
+            checkpointer = self.built.checkpointer
+            checkpoint = checkpointer.latest if checkpointer is not None else None
             raise ModelDivergedError(
                 f"{limit} steps in a row had a non-finite loss or gradients (the last at step "
                 f"{self.step + 1}; {self.nonfinite.held_records} records held, not committed)",
@@ -202,17 +261,17 @@ class Lifecycle:
 
     def start_watch(self) -> None:
         """Once the parts are built: the GC tuned (start-up's objects leave every later
-        collection), the broker probe, and the watch thread: every second readiness and queue
-        depths, every ``TRIM_EVERY_S`` the freed heap back to the OS. Both loops alike."""
-        cfg = self.config
-        self.probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
+        collection) and the watch thread: every second readiness (the parts' broker probe)
+        and queue depths, every ``TRIM_EVERY_S`` the freed heap back to the OS. Both loops
+        alike."""
         tune_gc()
         threading.Thread(target=self._watch, name="streamer-readiness", daemon=True).start()
 
     def _watch(self) -> None:
         trimmed = time.monotonic()
+        probe = self.built.probe
         while not self._finished.wait(1.0):
-            if self.probe is not None and not self.probe.up:
+            if probe is not None and not probe.up:
                 self._broker_down_at = time.monotonic()
                 self._broker_down()
             self.update_ready()
@@ -230,7 +289,8 @@ class Lifecycle:
         source = self.source  # None once shut down
         if self._stopping.is_set() or source is None:
             return
-        if self.probe is not None and not self.probe.up:
+        probe = self.built.probe
+        if probe is not None and not probe.up:
             self.health.set_ready(False, f"no broker reachable at {self.config.bootstrap}")
             return
         if source.topic_missing:
@@ -249,9 +309,10 @@ class Lifecycle:
 
     def watch_queues(self) -> None:
         """Queue depths for /metrics (every second, from the readiness thread)."""
-        cfg, source, metrics = self.config, self.source, self.metrics
-        if source is None or metrics is None:
+        cfg, source = self.config, self.source
+        if source is None:
             return
+        metrics = self.metrics
         capacity = cfg.shards * cfg.queue_max_blocks * cfg.max_poll_records
         metrics.set_queue("shard", source.queued_records(), capacity)
         # Emitted into tf.data and not yet trained: autotuned stages, no fixed capacity.
@@ -263,23 +324,25 @@ class Lifecycle:
 
     def _shutdown(self) -> None:
         """Close what was opened, in order: the input (its consumers' last commits are sent
-        first), the status line, the audit log, the metrics server; then the loop's own."""
+        first), the status line, the audit log, the probe and the metrics server; then the
+        loop's own (the callbacks' end: the lease is given up last)."""
         self.health.set_ready(False, "shutting down")
         self._stopping.set()
         self._close_input()
         if self.status is not None:
             self.status.end()  # idempotent: a terminal's live line ends with a newline
-        if self.audit is not None:
-            self.audit.close()
-            self.audit = None
+        self._close_parts()
         self._close_more()
-        if self.probe is not None:
-            self.probe.close()
-        if self.server is not None:
-            self.server.close()
+
+    def _close_parts(self) -> None:
+        """The audit log, the probe and the metrics server (once)."""
+        if self.parts is not None and not self._parts_closed:
+            self._parts_closed = True
+            self.parts.close()
 
     def _close_input(self) -> None:
-        source, self.source = self.source, None
+        source = self.source
+        self._input_closed = True
         if source is not None:
             source.stop()
             source.close()

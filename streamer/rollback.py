@@ -24,14 +24,15 @@ __all__ = ["RollbackPoint", "RollbackPoints"]
 
 @dataclass(frozen=True)
 class RollbackPoint:
-    """A checkpoint: where it is, its step, its positions, the audit log's size when it was
-    written; ``start``: the state the run began in."""
+    """A checkpoint: where it is, its step, its positions, the audit log's size and the
+    records trained in this run when it was written; ``start``: the state the run began in."""
 
     path: str
     step: int
     positions: dict[int, int]
     audit_size: int = 0
     start: bool = False
+    trained: int = 0
 
     def covers(self, committed: dict[int, int]) -> bool:
         """True when no commit is past this checkpoint's position."""

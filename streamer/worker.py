@@ -12,46 +12,20 @@ from typing import IO, Any
 import numpy as np
 import tensorflow as tf
 
-from consumers import ShardHooks, ShardLike
 from consumers.errors import StreamerError
-from consumers.settings import ConsumerSettings
-from streamer.committer import CommitSchedule, Committer
 from streamer.config import WorkerConfig, shard_runtime_choice
-from streamer.config.replay import write_marker
-from streamer.decode.schema import Schema
 from streamer.input.errors import PipelineError
-from streamer.input.offsets import OffsetTracker
-from streamer.input.simulator import RandomRecords, SimulatedShard, Task, task_named
-from streamer.input.source import METADATA_COLUMNS, StreamSource, StreamStart, end_iterator
-from streamer.input.stream_position import StreamPosition
+from streamer.input.source import METADATA_COLUMNS, end_iterator
 from streamer.lifecycle import Lifecycle
-from streamer.ops.audit import AuditLog
 from streamer.ops.tboard import ProfileWindow, TrainingSummaries
+from streamer.parts import LocalPlan, Parts, required
 from streamer.rollback import RollbackPoint, RollbackPoints
-from streamer.runtime import (
-    choose_decoder,
-    dead_letter_writer,
-    new_metrics,
-    serve_metrics,
-    stream_start,
-)
 from streamer.stopping import StopKind, StopReason
-from streamer.train.callbacks import (
-    CallbackList,
-    Every,
-    LeaseCheck,
-    Profiler,
-    TensorBoard,
-    TrainMetricReport,
-    WhenDue,
-)
-from streamer.train.checkpoint import Checkpointer
+from streamer.train.callbacks import Every, Profiler, TensorBoard, TrainMetricReport, WhenDue
 from streamer.train.errors import ModelDivergedError
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import Exporter, serving_inputs
-from streamer.train.lease import Lease
-from streamer.train.model import load_model
-from streamer.train.trainer import StepHandle, StepsResult, Trainer, choose_strategy
+from streamer.train.trainer import StepHandle, StepsResult, Trainer
 
 __all__ = ["Worker"]
 
@@ -73,7 +47,7 @@ class _InFlight:
     dispatch_seconds: float  # seconds the dispatch took (on a CPU: the whole step)
 
 
-class Worker(Lifecycle):
+class Worker(Lifecycle[Trainer]):
     """Trains continuously from the stream until stopped; see DESIGN.md section 3.
 
     The life it shares with the cluster loop (signals, health and metrics, skipped steps,
@@ -81,10 +55,10 @@ class Worker(Lifecycle):
     ``streamer.committer.Committer``.
 
     >>> code = Worker(load_config({"max_steps": 100})).run()   # doctest: +SKIP
-    """
 
-    position: StreamPosition  # where the stream is: built once, when the start is known
-    source: StreamSource  # built by _build, before any use (None once shut down)
+    Its parts (model, input, checkpointer, ...) are built once as the run starts
+    (``Lifecycle.build`` with a ``LocalPlan``: ``streamer.parts``).
+    """
 
     def __init__(self, config: WorkerConfig, *, status_out: IO[str] | None = None) -> None:
         super().__init__(config, status_out=status_out)
@@ -104,148 +78,37 @@ class Worker(Lifecycle):
         #: never acknowledged, so no checkpoint may be written from it (``_run_steps``).
         self._untracked = False
         self._final_lag: int | None = None  # the lag as the last pass ended (status line)
-        self._start: StreamStart | None = None
-        #: What happens around steps (``streamer.train.callbacks``), in order; each part is
-        #: appended as it is built, so the run's end closes whatever was opened.
-        self.callbacks = CallbackList()
         self.reports: TrainMetricReport | None = None
-        #: This worker's hold on its --checkpoint-dir (one writer per directory).
-        self.lease: Lease | None = None
+        self._run_start_step = self._exported_step = 0
+        # --eval-every-seconds counts from the first step of this run and then from the end of
+        # the previous evaluation (so a slow evaluation never runs back to back with the next).
+        self._eval_clock: float | None = None
+        self._evaluated_step = -1
         #: The checkpoints a loss of partitions may go back to (``_roll_back``).
         self.rollback_points = RollbackPoints()
         self._rolled_back = False  # the pass ended in a rollback
 
     def _on_stop(self) -> None:
-        if getattr(self, "source", None) is not None:
-            self.source.stop()
+        source = self.source  # None before the build and once shut down
+        if source is not None:
+            source.stop()
         if self.evaluator is not None:
             self.evaluator.stop()
 
     # ---- set-up -----------------------------------------------------------------------------
 
-    def _schema(self) -> Schema:
-        return self.config.load_schema()
-
-    def _simulator_factory(self) -> Any:
-        cfg = self.config
-        # A schema file of one's own: random records of it (nothing to learn, but every
-        # feature kind travels the real decode path); else the named task.
-        task: Task = RandomRecords(self.schema) if cfg.schema else task_named(cfg.sim_task)
-
-        def make(k: int, n: int, hooks: ShardHooks) -> ShardLike:
-            shard = SimulatedShard(
-                k,
-                n,
-                task=task,
-                partitions=cfg.sim_partitions,
-                rate=cfg.sim_rate,
-                record_bytes=cfg.sim_record_bytes,
-                start_offsets=self.position.current(),
-                topic=cfg.topic,
-            )
-            hooks.on_assigned(k, sorted(shard.assigned), {})  # no group: its own position
-            return shard
-
-        return make
-
-    def _build(self) -> None:
-        cfg = self.config
-        if cfg.checkpoint_dir:
-            # First, before anything reads the directory or joins the group: a second worker
-            # on the same directory is refused here (CheckpointDirInUseError, exit 2).
-            self.lease = Lease.acquire(cfg.checkpoint_dir)
-            self.callbacks.append(LeaseCheck(self.lease))
-        if cfg.seed is not None:
-            tf.keras.utils.set_random_seed(cfg.seed)
-        if cfg.mixed_precision:
-            import keras
-
-            keras.mixed_precision.set_global_policy("mixed_float16")
-        self.metrics = new_metrics(cfg)
-        self.server = serve_metrics(cfg, self.metrics, self.health)
-        self.schema = self._schema()
-        self.decoder = choose_decoder(cfg, self.schema)
-        strategy = choose_strategy()
-        with strategy.scope():
-            self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
-        self.trainer = Trainer(self.bundle, strategy, jit_compile=cfg.jit_compile)
+    def _build(self) -> Parts[Trainer]:
+        """The parts (``Lifecycle.build``), then this loop's own: whether a step stays in
+        flight, and the extras around steps as configured."""
+        parts = self.build(LocalPlan())
         self.overlap_steps = bool(tf.config.list_logical_devices("GPU"))
-        restore: dict[int, int] = {}
-        # A replay reads only --restore-from and writes only its own --checkpoint-dir.
-        restore_dir = cfg.replay.restore_from if cfg.replay is not None else cfg.checkpoint_dir
-        self.checkpointer: Checkpointer | None = None
-        reader: Checkpointer | None = None
-        if cfg.checkpoint_dir:
-            if cfg.replay is not None:
-                write_marker(cfg.checkpoint_dir, cfg.replay, cfg.topic)
-            reader = self.checkpointer = Checkpointer(
-                cfg.checkpoint_dir,
-                self.bundle,
-                topic=cfg.topic,
-                keep=cfg.checkpoint_keep,
-                restore_from=restore_dir,
-            )
-        elif restore_dir:
-            reader = Checkpointer(None, self.bundle, topic=cfg.topic, restore_from=restore_dir)
-        if reader is not None and restore_dir:
-            restored = reader.restore()
-            if restored is not None:
-                self.step, restore = restored
-        self.tracker = OffsetTracker()
-        #: Every partition of the topic (exports list each one).
-        self.topic_partitions: list[int] = list(range(cfg.sim_partitions))
-        consumer: ConsumerSettings | None = None
-        dead_letter = None
-        if cfg.bootstrap is not None:
-            consumer = cfg.consumer_settings()
-            from consumers.admin import wait_for_topic
+        self._build_online(parts)
+        return parts
 
-            ids: dict[str, str] = {}
-            partitions = wait_for_topic(
-                consumer,
-                health=self.health,
-                stop=self._stopping,
-                topic_ids=ids,
-                broker_wait_seconds=cfg.broker_wait_seconds,
-            )
-            self.topic_partitions = list(partitions)
-            if cfg.replay is not None and not cfg.partitions:  # a replay reads them all
-                self.config = cfg = dataclasses.replace(cfg, partitions=tuple(partitions))
-                consumer = cfg.consumer_settings()
-            if self.checkpointer is not None and not self.checkpointer.adopt_topic_id(
-                ids.get(cfg.topic)
-            ):
-                restore = {}  # offsets of an earlier topic of the same name: the model only
-            dead_letter = dead_letter_writer(
-                cfg, consumer, len(partitions), self.tracker, self.metrics
-            )
-        # Where the stream starts for this model, resolved once: the checkpoint's offsets, or
-        # those of --start-from / --from, which win over the checkpoint's.
-        start = stream_start(cfg, consumer, restore)
-        self.position = StreamPosition(start.offsets)
-        self._start = start
-        self.source = StreamSource(
-            self.schema,
-            cfg.pipeline_settings(),
-            consumer=consumer,
-            shard_factory=self._simulator_factory() if consumer is None else None,
-            tracker=self.tracker,
-            metrics=self.metrics,
-            health=self.health,
-            dead_letter=dead_letter,
-            start=start,
-            topic=cfg.topic,
-        )
-        self.dataset = self.source.dataset()
-        self._build_online()
-        self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
-        self.start_watch()
-
-    def _build_online(self) -> None:
+    def _build_online(self, parts: Parts[Trainer]) -> None:
         """Export, TensorBoard summaries, the profiler window and evaluation, as configured."""
         cfg = self.config
-        metrics = self.metrics
-        assert metrics is not None
+        metrics = parts.metrics
         if cfg.export_dir:
             extra = {"replay": cfg.replay.describe()} if cfg.replay is not None else None
             self.exporter = Exporter(cfg.export_dir, keep=cfg.export_keep, info=extra)
@@ -262,8 +125,8 @@ class Worker(Lifecycle):
             self.evaluator = Evaluator(
                 cfg.consumer_settings(),
                 cfg.eval_topic,
-                self.schema,
-                self.trainer,
+                parts.schema,
+                parts.steps,
                 records=cfg.eval_records,
                 batch_size=cfg.batch_size,
                 idle_timeout=min(2.0, cfg.pipeline_settings().idle_timeout_seconds),
@@ -271,7 +134,7 @@ class Worker(Lifecycle):
             )
         self.reports = TrainMetricReport(
             cfg.status_interval,
-            lambda: self.trainer.metric_values(reset=True),
+            lambda: parts.steps.metric_values(reset=True),
             metrics=metrics,
             status=lambda: self.status,
             summaries=self.summaries,
@@ -292,10 +155,6 @@ class Worker(Lifecycle):
             if callback is not None:
                 self.callbacks.append(callback)
         self._run_start_step = self._exported_step = self.step
-        # --eval-every-seconds counts from the first step of this run and then from the end of
-        # the previous evaluation (so a slow evaluation never runs back to back with the next).
-        self._eval_clock: float | None = None
-        self._evaluated_step = -1
 
     def _broker_down(self) -> None:
         self._last_data = time.monotonic()  # an outage is not idleness (--stop-after-idle waits)
@@ -304,40 +163,22 @@ class Worker(Lifecycle):
 
     def _run(self) -> int:
         """Passes until a stop condition or signal; the exit code of a clean stop."""
+        parts = self._build()
         cfg = self.config
-        self._build()
         log.info(
             "worker %s starting at step %d: %s",
             cfg.worker_id,
             self.step,
-            _describe(cfg, self.decoder),
+            _describe(cfg, parts.decoder),
         )
-        assert self.metrics is not None
-        status = self.new_status()
-        self.committer = Committer(
-            self.source,
-            self.tracker,
-            self.position,
-            self.metrics,
-            commits=CommitSchedule(
-                cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
-            ),
-            checkpoints=None
-            if self.checkpointer is None
-            else CommitSchedule(
-                cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, step=self.step
-            ),
-            save=None if self.checkpointer is None else self._save,
-            audit=self.audit,
-            to_group=cfg.commits,  # a replay without --replay-group commits to no group
-        )
-        if self.checkpointer is not None:
+        status = required(self.status, "status line", "built with the parts")
+        if parts.checkpointer is not None:
             self._keep_start()
         while not self._stopping.is_set():
             exhausted = self._run_pass()
-            if self.source.reject_limit is not None:
-                raise self.source.reject_limit  # after a commit that stays below them
-            if exhausted and self.source.finished:
+            if parts.source.reject_limit is not None:
+                raise parts.source.reject_limit  # after a commit that stays below them
+            if exhausted and parts.source.finished:
                 self.request_stop(StopReason.replay_trained())
             if cfg.stop_after_idle is not None and (
                 time.monotonic() - self._last_data >= cfg.stop_after_idle
@@ -433,14 +274,15 @@ class Worker(Lifecycle):
         dispatches the next (``_keep_in_flight``); so the loop does not wait on the device
         just to read a loss, and a checkpoint holds exactly the steps acked. Otherwise each
         step is settled as soon as it is dispatched."""
-        source = self.source
+        parts = self.built
+        source = parts.source
         source.resume()
         if self._stopping.is_set():
             # A stop that came as this pass began: resume() just cleared its source.stop().
             # Stopped again, a generator that starts anyway opens no shard (``_generate``).
             source.stop()
         source.begin_pass()
-        iterator = iter(self.dataset)
+        iterator = iter(parts.dataset)
         exhausted = False
         drain_until: float | None = None
         first_step = self.step
@@ -474,7 +316,7 @@ class Worker(Lifecycle):
                     self._settle(done)
                     if self._stopping.is_set() and not self._draining(drain_until, trained=True):
                         break  # --max-steps reached: this batch is not trained (read again)
-                handle = self.trainer.dispatch(batch)
+                handle = parts.steps.dispatch(batch)
                 started = _InFlight(handle, meta, t1 - t0, time.perf_counter() - t1)
                 if self._keep_in_flight(started):
                     in_flight = started
@@ -516,7 +358,7 @@ class Worker(Lifecycle):
             limit = max(1, min(limit, cfg.max_steps - self.step))
         self.health.waiting("trainer", "waiting for input")
         try:
-            out = self.trainer.run_steps(
+            out = self.built.steps.run_steps(
                 iterator, limit, METADATA_COLUMNS, max_wait_seconds=OVERLAP_MAX_WAIT_S
             )
         except tf.errors.OpError as exc:
@@ -529,7 +371,7 @@ class Worker(Lifecycle):
                 "of this pass (the latest holds exactly the steps acknowledged)",
                 cfg.steps_per_execution,
             )
-            cause = self.source.shard_failure()
+            cause = self.built.source.shard_failure()
             if isinstance(cause, StreamerError):
                 raise cause from exc
             raise PipelineError(
@@ -544,7 +386,7 @@ class Worker(Lifecycle):
         status and extras, then the checkpoint and commit schedule once. When every step was
         applied (the common case) the records are acknowledged and observed in one call each,
         not one per step (profiled: per-step calls were half the main interpreter's GIL)."""
-        assert self.metrics is not None and self.status is not None
+        status = required(self.status, "status line", "built with the parts")
         now = time.time()
         if out.applied.all():
             applied = list(range(out.steps))
@@ -575,8 +417,8 @@ class Worker(Lifecycle):
             if self.first_wait_seconds is None:
                 self.first_wait_seconds = wait
             self.step += 1
-            self.status.waited(wait)
-            self.status.maybe(self.step, self.loss)
+            status.waited(wait)
+            status.maybe(self.step, self.loss)
         samples = int(out.rows[applied].sum())
         self._after_step(samples, float(out.input_wait_seconds[applied].sum()), len(applied))
         self.health.beat("trainer")
@@ -612,7 +454,6 @@ class Worker(Lifecycle):
             return
         self.loss = result.loss
         self._acknowledge(meta["partition"], meta["offset"])
-        assert self.metrics is not None
         self.metrics.observe_step(n, step_seconds, wait, self.loss)
         if self.first_wait_seconds is None:
             self.first_wait_seconds = wait  # includes joining the group: benchmarks skip it
@@ -623,9 +464,9 @@ class Worker(Lifecycle):
         self.step += 1
         self._last_data = time.monotonic()
         self.committer.after_step(self.step)
-        assert self.status is not None
-        self.status.waited(wait)
-        self.status.maybe(self.step, self.loss)
+        status = required(self.status, "status line", "built with the parts")
+        status.waited(wait)
+        status.maybe(self.step, self.loss)
         self._after_step(n, wait)
         cfg = self.config
         if cfg.max_steps is not None and self.step >= cfg.max_steps:
@@ -644,10 +485,11 @@ class Worker(Lifecycle):
     def _acknowledge(self, partition: np.ndarray, offset: np.ndarray) -> None:
         """The records of applied steps are done (and those of the skipped run before them),
         in the audit log before the tracker, so the log is never behind a commit."""
-        self.applied_step(self.tracker.ack)  # a run of skipped steps ended
-        if self.audit is not None:
-            self.audit.add(partition, offset)
-        self.tracker.ack(partition, offset)
+        parts = self.built
+        self.applied_step(parts.tracker.ack)  # a run of skipped steps ended
+        if parts.audit is not None:
+            parts.audit.add(partition, offset)
+        parts.tracker.ack(partition, offset)
 
     def _draining(self, drain_until: float | None, *, trained: bool) -> bool:
         """Go on after a stop request, within the drain time: not after the reject breaker
@@ -655,7 +497,7 @@ class Worker(Lifecycle):
         a record read and not trained is read again, and one trained past it trained again),
         nor when this pass trained nothing yet (nothing can be past a record not trained; a
         stop as a pass begins would otherwise open its shards only to close them)."""
-        if self.source.reject_limit is not None or not trained:
+        if self.built.source.reject_limit is not None or not trained:
             return False
         reason = self._stop_reason
         if (
@@ -668,10 +510,10 @@ class Worker(Lifecycle):
 
     def status_lag(self) -> Callable[[], int] | None:
         """A replay's lag is what is left of its range (the records after --to are not its)."""
-        start = self._start
-        if start is None or start.stop is None:
+        start = self.built.start
+        if start.stop is None:
             return None
-        stop, first, tracker = dict(start.stop), dict(start.offsets), self.tracker
+        stop, first, tracker = dict(start.stop), dict(start.offsets), self.built.tracker
 
         def left() -> int:
             done = tracker.commit_points()
@@ -696,18 +538,19 @@ class Worker(Lifecycle):
         )
 
     def _export(self) -> None:
-        assert self.exporter is not None
+        exporter = required(self.exporter, "exporter", "built with --export-dir")
+        parts = self.built
         t0 = time.monotonic()
         try:
             # Every partition of the topic: its position, or None where this model has none.
-            known = self.position.current(self.tracker.commit_points())
-            offsets = {p: known.get(p) for p in sorted({*self.topic_partitions, *known})}
-            path = self.exporter.export(
-                self.bundle.model,
+            known = parts.position.current(parts.tracker.commit_points())
+            offsets = {p: known.get(p) for p in sorted({*parts.topic_partitions, *known})}
+            path = exporter.export(
+                parts.bundle.model,
                 self.step,
                 offsets,
                 self.config.topic,
-                inputs=serving_inputs(self.dataset.element_spec, self.bundle.input_names),
+                inputs=serving_inputs(parts.dataset.element_spec, parts.bundle.input_names),
             )
         except ModelDivergedError as exc:  # non-finite weights: never exported
             self._diverged = exc
@@ -736,13 +579,13 @@ class Worker(Lifecycle):
         return now - self._eval_clock >= seconds
 
     def _evaluate(self) -> None:
-        assert self.evaluator is not None and self.metrics is not None
+        evaluator = required(self.evaluator, "evaluator", "built with --eval-topic")
         if self.reports is not None:
             self.reports.report(self.step)  # evaluation resets the model's metrics
         self._evaluated_step = self.step
         t0 = time.monotonic()
         try:
-            result = self.evaluator.evaluate()
+            result = evaluator.evaluate()
         except (StreamerError, tf.errors.OpError) as exc:
             log.warning("evaluation at step %d failed: %s", self.step, exc)
             result = None
@@ -766,11 +609,12 @@ class Worker(Lifecycle):
 
     def _save(self, step: int, positions: dict[int, int]) -> dict[int, int] | None:
         """The checkpoint of a worker of its own: one save; what it saved is committed."""
-        assert self.checkpointer is not None
-        if self.lease is not None:
-            self.lease.check()
+        parts = self.built
+        checkpointer = required(parts.checkpointer, "checkpointer", "built with --checkpoint-dir")
+        if parts.lease is not None:
+            parts.lease.check()
         try:
-            path = self.checkpointer.save(step, positions)
+            path = checkpointer.save(step, positions)
         except ModelDivergedError as exc:  # non-finite weights: never saved
             self._diverged = exc
             raise
@@ -778,34 +622,45 @@ class Worker(Lifecycle):
             log.error("checkpoint failed: %s", exc)
             return None
         log.info("checkpoint %s at step %d", path, step)
-        audit = self.audit.synced if self.audit is not None else 0
-        self.rollback_points.add(RollbackPoint(path, step, dict(positions), audit))
+        audit = parts.audit.synced if parts.audit is not None else 0
+        trained = self._trained_records()
+        self.rollback_points.add(RollbackPoint(path, step, dict(positions), audit, trained=trained))
         return positions
+
+    def _trained_records(self) -> int:
+        """The records trained in this run so far (``streamer_samples_trained_total``)."""
+        return int(self.metrics.snapshot()["samples_trained"])
 
     def _keep_start(self) -> None:
         """The state this run begins in, as the first checkpoint a loss of partitions may go
         back to: the checkpoint it restored, else one written now (beside the managed ones,
         never restored at a start). From here on a lost partition trained past its commit
         ends the pass and the model goes back (``_roll_back``)."""
-        cfg = self.config
-        assert self.checkpointer is not None and cfg.checkpoint_dir
-        positions = self.position.current()
-        path = self.checkpointer.latest if cfg.replay is None else None
+        cfg, parts = self.config, self.built
+        checkpointer = required(parts.checkpointer, "checkpointer", "built with --checkpoint-dir")
+        positions = parts.position.current()
+        path = checkpointer.latest if cfg.replay is None else None
         if path is None:
-            prefix = os.path.join(cfg.checkpoint_dir, "rollback-start", "ckpt")
-            path = self.checkpointer.write_copy(prefix, self.step, positions)
-        audit = self.audit.synced if self.audit is not None else 0
-        self.rollback_points.add(RollbackPoint(path, self.step, positions, audit, start=True))
-        self.source.roll_back_on_lost()
+            directory = required(cfg.checkpoint_dir, "checkpoint directory", "--checkpoint-dir")
+            prefix = os.path.join(directory, "rollback-start", "ckpt")
+            path = checkpointer.write_copy(prefix, self.step, positions)
+        audit = parts.audit.synced if parts.audit is not None else 0
+        self.rollback_points.add(
+            RollbackPoint(
+                path, self.step, positions, audit, start=True, trained=self._trained_records()
+            )
+        )
+        parts.source.roll_back_on_lost()
 
     def _roll_back(self) -> None:
         """Partitions were lost with records trained here and not committed: their next
         owner trains them from the group's commit, so this model goes back to the checkpoint
         of its last commit that succeeded, and those records are trained once. The audit
         log drops their lines; the directory's latest checkpoint is the one gone back to."""
-        source = self.source
-        request = source.rollback
-        assert request is not None and self.checkpointer is not None
+        parts = self.built
+        source = parts.source
+        request = required(source.rollback, "rollback request", "partitions lost")
+        checkpointer = required(parts.checkpointer, "checkpointer", "built with --checkpoint-dir")
         committed = source.committed()
         target = self.rollback_points.target(committed)
         if target is None:
@@ -819,28 +674,27 @@ class Worker(Lifecycle):
             )
             return
         steps = self.step - target.step
-        records = sum(max(0, o - target.positions.get(p, o)) for p, o in request.trained.items())
-        self.checkpointer.restore_path(target.path, announce=False)
+        records = self._trained_records() - target.trained  # trained since that checkpoint
+        checkpointer.restore_path(target.path, announce=False)
         self.step = target.step
         self.rollback_points.went_back_to(target)
         self.nonfinite.applied()  # records held by skipped steps are read again, too
         self.committer.rolled_back(target.step, target.positions)
         source.roll_back(target.positions, to_start=target.start)
-        lines = self.audit.truncate(target.audit_size) if self.audit is not None else 0
+        lines = parts.audit.truncate(target.audit_size) if parts.audit is not None else 0
         self._rolled_back = True
-        if self.metrics is not None:
-            self.metrics.rollbacks.inc()
+        parts.metrics.rollbacks.inc()
         log.warning(
             "partitions %s were lost (this member was fenced or its session expired: another "
             "member may train them from the group's commit now) with records trained here and "
-            "not committed: went back to checkpoint %s at step %d (%d steps, about %d records "
+            "not committed: went back to checkpoint %s at step %d (%d steps, %d records "
             "undone%s); each of those is trained once, by whoever owns its partition next",
             request.lost,
             target.path,
             target.step,
             steps,
             records,
-            f", {lines} audit log lines dropped" if self.audit is not None else "",
+            f", {lines} audit log lines dropped" if parts.audit is not None else "",
         )
         # The directory's latest checkpoint is the state gone back to: a restart must not
         # restore a newer one, which holds what was undone.
@@ -851,13 +705,15 @@ class Worker(Lifecycle):
 
         A diverged model is never checkpointed, and with checkpoints nothing is committed past
         the last good one (commits follow checkpoints)."""
-        if self.metrics is not None:  # the shards close below, and their partitions' lag
-            self._final_lag = int(self.metrics.snapshot()["consumer_lag_records"])
+        parts = self.built
+        source, lease = parts.source, parts.lease
+        # The shards close below, and their partitions' lag with them.
+        self._final_lag = int(parts.metrics.snapshot()["consumer_lag_records"])
         try:
             committer = self.committer
-            if self.lease is not None and self.lease.lost is not None:
+            if lease is not None and lease.lost is not None:
                 return  # another worker holds the directory now: no checkpoint, no commit
-            if self.source.rollback is not None:
+            if source.rollback is not None:
                 return  # what was trained since the last checkpoint is undone (below)
             if self._diverged is not None or self._untracked:
                 if not committer.checkpointing:
@@ -865,24 +721,20 @@ class Worker(Lifecycle):
                 return
             if self.reports is not None:
                 self.reports.report(self.step)
-            if self.source.reject_limit is None:
-                self.source.settle_rejects()  # the pass's rejects are judged: commit past them
+            if source.reject_limit is None:
+                source.settle_rejects()  # the pass's rejects are judged: commit past them
             checkpoints = committer.checkpoints
             moved = checkpoints is not None and self.step != checkpoints.last_step
             if checkpoints is not None and (self._stopping.is_set() or moved):
-                assert self.checkpointer is not None
-                if moved or not self.checkpointer.latest:
+                checkpointer = required(parts.checkpointer, "checkpointer", "--checkpoint-dir")
+                if moved or not checkpointer.latest:
                     committer.checkpoint(self.step)
             else:
                 committer.commit(committer.done_points(), self.step)
         finally:
-            self.source.end_pass()  # its pending commits reach the group first
-            lease_lost = self.lease is not None and self.lease.lost is not None
-            if (
-                self.source.rollback is not None
-                and self.checkpointer is not None
-                and not lease_lost
-            ):
+            source.end_pass()  # its pending commits reach the group first
+            lease_lost = lease is not None and lease.lost is not None
+            if source.rollback is not None and parts.checkpointer is not None and not lease_lost:
                 self._roll_back()
             self.callbacks.on_pass_end(self.step)
 

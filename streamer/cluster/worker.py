@@ -17,7 +17,6 @@ fails (a peer died) ends the process at once with an error naming the lost worke
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import queue
@@ -29,39 +28,26 @@ from typing import IO, Any
 import numpy as np
 import tensorflow as tf
 
-from consumers.errors import ConfigError, StreamerError
+from consumers.errors import StreamerError
 from streamer.cluster.padding import END, Batch, PaddedBatcher
-from streamer.cluster.strategy import ClusterStep, is_peer_loss, make_strategy, weights_digest
+from streamer.cluster.plan import ClusterPlan, PeerLostError, check_config, peer_lost, throwaway_dir
+from streamer.cluster.strategy import ClusterStep, weights_digest
 from streamer.cluster.topology import (
     Control,
     Topology,
     decide,
-    lost_worker,
     offsets_from_vector,
     offsets_vector,
     should_wait,
-    worker_partitions,
 )
-from streamer.committer import CommitSchedule, Committer
 from streamer.config import WorkerConfig
 from streamer.decode.columns import flat_outputs, from_flat, to_batch
 from streamer.input.errors import PipelineError
-from streamer.input.offsets import OffsetTracker
-from streamer.input.source import StreamSource, end_iterator
-from streamer.input.stream_position import StreamPosition
+from streamer.input.source import end_iterator
 from streamer.lifecycle import Lifecycle
-from streamer.ops.audit import AuditLog
-from streamer.runtime import (
-    choose_decoder,
-    dead_letter_writer,
-    new_metrics,
-    serve_metrics,
-    stream_start,
-)
+from streamer.parts import Parts, required
 from streamer.stopping import StopKind, StopReason
-from streamer.train.callbacks import CallbackList, TrainMetricReport
-from streamer.train.checkpoint import Checkpointer
-from streamer.train.model import load_model
+from streamer.train.callbacks import TrainMetricReport
 
 __all__ = ["DistributedWorker", "PeerLostError", "check_config"]
 
@@ -69,77 +55,13 @@ log = logging.getLogger(__name__)
 
 #: Decoded blocks buffered between the input pipeline's reader thread and the batcher.
 _QUEUE_BLOCKS = 8
-#: A pass never ends on idle shards in multi-worker training: a worker whose input pauses
-#: pads its batches instead (its consumers stay open).
-_NO_IDLE_END_S = 10.0**9
 #: After a lost peer: the seconds given to closing the consumers, and to all of the clean-up
 #: before the process exits anyway.
 _ABORT_CLOSE_S = 1.0
 _ABORT_CLEANUP_S = 5.0
 
 
-class PeerLostError(StreamerError):
-    """A collective failed: another worker died or the cluster aborted."""
-
-    def __init__(self, topology: Topology, lost: str, detail: str) -> None:
-        self.lost = lost
-        first = _gist(detail)
-        super().__init__(
-            f"{topology.describe()} lost {lost}: {first}. Exiting: restart every worker "
-            "together (they resume from the last checkpoint)"
-        )
-
-
-def _gist(message: str) -> str:
-    """The line of a TensorFlow error that says what happened (its first line is often just
-    "Graph execution error:")."""
-    lines = [x.strip() for x in message.splitlines() if x.strip()]
-    for key in ("aborted by:", "unhealthy", "Connection", "connect", "Unavailable", "UNAVAILABLE"):
-        for line in lines:
-            if key in line:
-                return line
-    useful = [x for x in lines if not x.endswith(":") and not x.startswith(("[[", "Detected at"))]
-    return (useful or lines or ["(no message)"])[0]
-
-
-def check_config(cfg: WorkerConfig, topology: Topology) -> None:
-    """Options that have no meaning (yet) for one model on N workers, refused at start-up."""
-    if cfg.bootstrap is None:
-        raise ConfigError(
-            "bootstrap", None, f"{topology.describe()}: multi-worker training reads Kafka"
-        )
-    for name, why in (
-        ("eval_topic", "evaluate on one worker of its own from the chief's checkpoints"),
-        ("export_dir", "export from the chief's checkpoints"),
-        ("logdir", "not supported with several workers yet"),
-        ("profile_steps", "not supported with several workers yet"),
-        ("pass_records", "a multi-worker pass lasts the whole run (quiet input is padded)"),
-        ("pass_seconds", "a multi-worker pass lasts the whole run (quiet input is padded)"),
-        ("replay", "replay a range with one worker"),
-    ):
-        if getattr(cfg, name) is not None:
-            raise ConfigError(name, getattr(cfg, name), f"{topology.describe()}: {why}")
-    if cfg.start_from != "committed":
-        # Each worker would look its own partitions up, but the chief's checkpoint names every
-        # partition: a partition not read yet would be checkpointed at the old offset.
-        raise ConfigError(
-            "start_from",
-            cfg.start_from,
-            f"{topology.describe()}: not with several workers; move the group first "
-            "(streamer reset-group --to ..., with the checkpoint directory cleared), or train "
-            "the range with one worker (streamer replay)",
-        )
-    if cfg.mixed_precision:
-        raise ConfigError(
-            "mixed_precision",
-            True,
-            f"{topology.describe()}: not with several workers yet (Keras' loss scaling checks "
-            "each worker's gradients before they are all-reduced, so workers could disagree "
-            "on skipping a step and wait for each other forever)",
-        )
-
-
-class DistributedWorker(Lifecycle):
+class DistributedWorker(Lifecycle[ClusterStep]):
     """One worker of a multi-worker cluster; ``run()`` returns the exit code.
 
     ``exit_now`` is True after ``run()`` when the process should end at once (a lost peer or
@@ -166,131 +88,33 @@ class DistributedWorker(Lifecycle):
         #: The train-metric window: the chief votes when it is over (``Control.REPORT``).
         self.reports = TrainMetricReport(
             config.status_interval,
-            lambda: self.steps.metric_values(),
+            lambda: self.built.steps.metric_values(),
             metrics=None,
             status=lambda: self.status,
             automatic=False,
         )
-        #: What happens around a round's step (``streamer.train.callbacks``), in order.
-        self.callbacks = CallbackList([self.reports])
+        self.callbacks.append(self.reports)
 
     # ---- set-up -----------------------------------------------------------------------------
 
-    def _build(self) -> None:
-        cfg, topo = self.config, self.topology
-        # MWMS configures TensorFlow's collective runtime: before any other TensorFlow op.
+    def _build(self) -> Parts[ClusterStep]:
+        """The parts (``Lifecycle.build`` with a ``ClusterPlan``): MWMS forms first, before
+        any other TensorFlow op; metrics and probes before it (forming waits for every
+        worker, and a probe should find this one alive meanwhile)."""
+        topo = self.topology
         log.info(
             "multi-worker training: %s (%s), chief at %s; joining the cluster",
             topo.describe(),
             topo.source,
             topo.hosts[0],
         )
+        parts = self.build(ClusterPlan(topo, formed=self._take_signals_back))
+        self.reports.metrics = parts.metrics
+        return parts
 
-        from consumers.admin import wait_for_topic
-
-        # Metrics and probes first (no TensorFlow op): forming the cluster waits for every
-        # worker, and a probe should find this one alive meanwhile.
-        metrics = self.metrics = new_metrics(cfg, workers=topo.count)
-        self.reports.metrics = metrics
-        self.server = serve_metrics(cfg, metrics, self.health)
-        from streamer.ops.tfstart import quiet_start
-
-        with quiet_start():  # TensorFlow's runtime starts here: its start-up noise filtered
-            strategy = make_strategy(topo)
+    def _take_signals_back(self) -> None:
         if self._signal_watch is not None:
             self._signal_watch.rearm()  # TensorFlow's coordination service took SIGTERM
-        if cfg.seed is not None:
-            tf.keras.utils.set_random_seed(cfg.seed)
-        self.schema = cfg.load_schema()
-        self.decoder = choose_decoder(cfg, self.schema)
-        with strategy.scope():
-            self.bundle = load_model(cfg.model, self.schema, cfg.learning_rate)
-        self.steps = ClusterStep(strategy, self.bundle, topo, jit_compile=cfg.jit_compile)
-
-        ids: dict[str, str] = {}
-        everything = wait_for_topic(
-            cfg.consumer_settings(),
-            health=self.health,
-            stop=self._stopping,
-            topic_ids=ids,
-            broker_wait_seconds=cfg.broker_wait_seconds,
-        )
-        if cfg.partitions:
-            everything = sorted(set(everything) & set(cfg.partitions))
-        self.num_partitions = max(everything) + 1
-        self.partitions = worker_partitions(everything, topo.index, topo.count)
-        if not self.partitions:
-            raise ConfigError(
-                "cluster",
-                topo.count,
-                f"{topo.count} workers but {len(everything)} partitions to read: every worker "
-                "needs at least one (run at most as many workers as partitions)",
-            )
-        self._mine = frozenset(self.partitions)
-
-        restored = self._restore(ids.get(cfg.topic))
-        start = stream_start(cfg, None, restored)  # --start-from is refused: the checkpoint's
-        self.position = StreamPosition(start.offsets)
-        self.tracker = OffsetTracker()
-        local = dataclasses.replace(
-            cfg, partitions=tuple(self.partitions), shards=min(cfg.shards, len(self.partitions))
-        )
-        settings = dataclasses.replace(
-            local.pipeline_settings(), idle_timeout_seconds=_NO_IDLE_END_S
-        )
-        self.source = StreamSource(
-            self.schema,
-            settings,
-            consumer=local.consumer_settings(),
-            tracker=self.tracker,
-            metrics=metrics,
-            health=self.health,
-            dead_letter=dead_letter_writer(
-                local, local.consumer_settings(), len(everything), self.tracker, metrics
-            ),
-            start=start,
-        )
-        self.dataset = self.source.flat_blocks()
-        self.batcher = PaddedBatcher(self.schema, cfg.batch_size, pad_after=cfg.pad_after_seconds)
-        self.audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
-        self.start_watch()
-
-    def _restore(self, topic_id: str | None) -> dict[int, int]:
-        """The chief restores the latest checkpoint and every worker takes its state (model,
-        optimizer, step, offsets) by broadcast; returns this worker's partitions' offsets."""
-        cfg, topo = self.config, self.topology
-        step, offsets = 0, dict[int, int]()
-        if cfg.checkpoint_dir:
-            self.checkpointer = Checkpointer(
-                cfg.checkpoint_dir, self.bundle, topic=cfg.topic, keep=cfg.checkpoint_keep
-            )
-            if topo.chief:
-                found = self.checkpointer.restore()
-                if found is not None:
-                    step, offsets = found
-                    if not self.checkpointer.adopt_topic_id(topic_id):
-                        offsets = {}
-            else:
-                self.checkpointer.topic_id = topic_id
-                shutil.rmtree(self._throwaway_dir(), ignore_errors=True)  # a crash's leftovers
-        extra = np.concatenate(([float(step)], offsets_vector(offsets, self.num_partitions)))
-        try:
-            shared = self.steps.broadcast(extra)
-        except tf.errors.OpError as exc:
-            raise self._peer_lost(exc) from exc
-        self.step = int(shared[0])
-        mine = {p: o for p, o in offsets_from_vector(shared[1:]).items() if p in self._mine}
-        log.info(
-            "cluster restore: step %d, offsets %s weights %s",
-            self.step,
-            mine,
-            weights_digest(self.bundle.model),
-        )
-        return mine
-
-    def _throwaway_dir(self) -> str:
-        assert self.config.checkpoint_dir is not None
-        return os.path.join(self.config.checkpoint_dir, f"workertemp_{self.topology.index}")
 
     def _readiness(self, assigned: int) -> tuple[bool, str]:
         if not self._formed:
@@ -303,9 +127,9 @@ class DistributedWorker(Lifecycle):
     # ---- the input: a thread turns tf.data's decoded blocks into numpy columns ---------------
 
     def _read(self) -> None:
-        assert self.source is not None
-        source = self.source
-        iterator = iter(self.dataset)
+        parts = self.built
+        source = parts.source
+        iterator = iter(parts.dataset)
         try:
             while not self._reader_stop.is_set():
                 try:
@@ -318,7 +142,7 @@ class DistributedWorker(Lifecycle):
                     if isinstance(cause, StreamerError):
                         raise cause from exc
                     raise PipelineError("the input pipeline", exc.message) from exc
-                self._put(from_flat(self.schema, [t.numpy() for t in out]))
+                self._put(from_flat(parts.schema, [t.numpy() for t in out]))
         except BaseException as exc:
             self._put(exc)
         finally:
@@ -335,13 +159,13 @@ class DistributedWorker(Lifecycle):
                 continue
 
     def _features(self, batch: Batch) -> dict[str, Any]:
-        return to_batch(self.schema, [tf.constant(a) for a in flat_outputs(batch.columns)])
+        return to_batch(self.built.schema, [tf.constant(a) for a in flat_outputs(batch.columns)])
 
     # ---- the loop ---------------------------------------------------------------------------
 
     def _run(self) -> int:
+        parts = self._build()
         cfg = self.config
-        self._build()
         log.info(
             "worker %s starting at step %d: cluster=%d/%d chief=%s partitions=%s %s",
             cfg.worker_id,
@@ -349,8 +173,8 @@ class DistributedWorker(Lifecycle):
             self.topology.index,
             self.topology.count,
             "yes" if self.topology.chief else "no",
-            ",".join(map(str, self.partitions)),
-            _describe(cfg, self.decoder),
+            ",".join(map(str, parts.partitions)),
+            _describe(cfg, parts.decoder),
         )
         if cfg.steps_per_execution > 1:
             log.warning(
@@ -359,8 +183,8 @@ class DistributedWorker(Lifecycle):
                 cfg.steps_per_execution,
             )
         reason = self._loop()
-        if self.source is not None and self.source.reject_limit is not None:
-            raise self.source.reject_limit
+        if parts.source.reject_limit is not None:
+            raise parts.source.reject_limit
         self._close_input()  # the consumers' last commits land before the final frame
         if self.status is not None:
             self.status.maybe(self.step, self.loss, final=True)
@@ -389,40 +213,21 @@ class DistributedWorker(Lifecycle):
         self.exit_now = True
         return 1
 
-    def _peer_lost(self, exc: tf.errors.OpError) -> StreamerError:
-        if not is_peer_loss(exc):
-            return StreamerError(f"{self.topology.describe()}: training failed: {exc.message}")
-        return PeerLostError(self.topology, lost_worker(exc.message, self.topology), exc.message)
-
     def _loop(self) -> StopReason:
         try:
             return self._rounds()
         except tf.errors.OpError as exc:
-            raise self._peer_lost(exc) from exc
+            raise peer_lost(self.topology, exc) from exc
 
     def _rounds(self) -> StopReason:
-        cfg, topo, metrics = self.config, self.topology, self.metrics
-        assert metrics is not None and self.source is not None
-        status = self.new_status()
-        committer = Committer(
-            self.source,
-            self.tracker,
-            self.position,
-            metrics,
-            commits=CommitSchedule(
-                cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
-            ),
-            # The chief's schedule votes; the round's all-reduced decision is what happens.
-            checkpoints=None
-            if self.checkpointer is None
-            else CommitSchedule(
-                cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, step=self.step
-            ),
-            save=None if self.checkpointer is None else self._save,
-            audit=self.audit,
-        )
-        self.source.resume()
-        self.source.begin_pass()
+        cfg, topo, parts = self.config, self.topology, self.built
+        source, steps = parts.source, parts.steps
+        status = required(self.status, "status line", "built with the parts")
+        # The chief's checkpoint schedule votes; the round's all-reduced decision happens.
+        committer = self.committer
+        batcher = PaddedBatcher(parts.schema, cfg.batch_size, pad_after=cfg.pad_after_seconds)
+        source.resume()
+        source.begin_pass()
         self._reader = threading.Thread(target=self._read, name="streamer-input", daemon=True)
         self._reader.start()
         wait = True
@@ -430,21 +235,21 @@ class DistributedWorker(Lifecycle):
         last_data = time.monotonic()
         drain_until: float | None = None  # set when every worker drains before a stop
         while True:
-            batch = self.batcher.next(self.blocks, wait=wait)
+            batch = batcher.next(self.blocks, wait=wait)
             t1 = time.perf_counter()  # the round's step time: the all-reduces and the step
             now = time.monotonic()
             if batch.real:
                 last_data = now
             done = (
-                (self.batcher.ended and not self.batcher.pending)
+                (batcher.ended and not batcher.pending)
                 or (cfg.stop_after_idle is not None and now - last_data >= cfg.stop_after_idle)
                 or (drain_until is not None and now >= drain_until)
             )
             timer = topo.chief and committer.checkpoint_due(self.step)
-            if self.source.reject_limit is not None and not self._stopping.is_set():
+            if source.reject_limit is not None and not self._stopping.is_set():
                 self.request_stop(StopReason.reject_breaker())
             stop_here = self._stopping.is_set()  # what this worker says, and why, once
-            ctrl = self.steps.sync(
+            ctrl = steps.sync(
                 Control.local(
                     real=batch.real,
                     stop=stop_here,
@@ -462,7 +267,7 @@ class DistributedWorker(Lifecycle):
             applied = True
             if rows:
                 # Applied or skipped alike on every worker: the verdict is all-reduced.
-                loss_sum, applied = self.steps.train(self._features(batch), batch.weight, rows)
+                loss_sum, applied = steps.train(self._features(batch), batch.weight, rows)
                 if applied:
                     loss_rows = rows
                     self.step += 1
@@ -475,7 +280,7 @@ class DistributedWorker(Lifecycle):
                 workers=topo.count,
                 step=self.step,
                 last_checkpoint_step=committer.checkpointed_step,
-                checkpoint_every_steps=cfg.checkpoint_every_steps if self.checkpointer else None,
+                checkpoint_every_steps=cfg.checkpoint_every_steps if parts.checkpointer else None,
                 max_steps=cfg.max_steps,
                 stopping_here=self._stop_reason if stop_here else None,
                 stop_after_idle=cfg.stop_after_idle,
@@ -483,8 +288,8 @@ class DistributedWorker(Lifecycle):
             )
             if decision.drain:
                 drain_until = self._begin_drain()
-            if decision.stop is not None and self.source.reject_limit is None:
-                self.source.settle_rejects()  # a clean stop: the rejects so far are judged
+            if decision.stop is not None and source.reject_limit is None:
+                source.settle_rejects()  # a clean stop: the rejects so far are judged
             if decision.report:  # reading Keras' metrics all-reduces them: every worker now
                 self.reports.report(self.step)
             committer.after_step(
@@ -501,17 +306,17 @@ class DistributedWorker(Lifecycle):
 
         A skipped step (not finite) holds its rows until a step is applied; every worker counts
         the same run of skipped rounds, so all stop together when it is too long."""
-        metrics = self.metrics
-        assert metrics is not None
+        parts = self.built
+        metrics = parts.metrics
         part, off, ts = batch.metadata()
         if rows and not applied:
             self.skipped_step(part, off, everywhere=True)
         elif rows:
-            self.applied_step(self.tracker.ack)
+            self.applied_step(parts.tracker.ack)
         if batch.real and applied:
-            if self.audit is not None:
-                self.audit.add(part, off)
-            self.tracker.ack(part, off)
+            if parts.audit is not None:
+                parts.audit.add(part, off)
+            parts.tracker.ack(part, off)
             metrics.observe_trained(part, off, ts, time.time())
         if rows and applied:
             loss = None if np.isnan(self.loss) else self.loss
@@ -536,17 +341,21 @@ class DistributedWorker(Lifecycle):
         chief's checkpoint written (throwaway copies elsewhere, as MWMS needs every worker
         to save); returns this worker's partitions' offsets to commit, or None when a save
         failed anywhere."""
-        assert self.checkpointer is not None
-        mine = {p: o for p, o in positions.items() if p in self._mine}
-        offsets = offsets_from_vector(self.steps.sync(offsets_vector(mine, self.num_partitions)))
+        parts = self.built
+        checkpointer = required(parts.checkpointer, "checkpointer", "built with --checkpoint-dir")
+        own, count = frozenset(parts.partitions), max(parts.topic_partitions) + 1
+        mine = {p: o for p, o in positions.items() if p in own}
+        offsets = offsets_from_vector(parts.steps.sync(offsets_vector(mine, count)))
         self.health.beat("trainer")
         path = ""
         try:
             if self.topology.chief:
-                path = self.checkpointer.save(step, offsets)
+                path = checkpointer.save(step, offsets)
             else:
-                path = self.checkpointer.write_copy(
-                    os.path.join(self._throwaway_dir(), f"ckpt-{step}"), step, offsets
+                path = checkpointer.write_copy(
+                    os.path.join(throwaway_dir(self.config, self.topology), f"ckpt-{step}"),
+                    step,
+                    offsets,
                 )
             ok = True
         except (OSError, tf.errors.OpError) as exc:
@@ -556,8 +365,8 @@ class DistributedWorker(Lifecycle):
             ok = False
         finally:
             if not self.topology.chief:
-                shutil.rmtree(self._throwaway_dir(), ignore_errors=True)
-        saved = round(float(self.steps.sync(np.array([float(ok)], np.float32))[0]))
+                shutil.rmtree(throwaway_dir(self.config, self.topology), ignore_errors=True)
+        saved = round(float(parts.steps.sync(np.array([float(ok)], np.float32))[0]))
         self.health.beat("trainer")
         if saved < self.topology.count:
             log.error(
@@ -568,9 +377,9 @@ class DistributedWorker(Lifecycle):
             )
             return None
         log.info(
-            "checkpoint %s at step %d weights %s", path, step, weights_digest(self.bundle.model)
+            "checkpoint %s at step %d weights %s", path, step, weights_digest(parts.bundle.model)
         )
-        return {p: o for p, o in offsets.items() if p in self._mine}
+        return {p: o for p, o in offsets.items() if p in own}
 
     # ---- shutdown -----------------------------------------------------------------------------
 
@@ -578,14 +387,14 @@ class DistributedWorker(Lifecycle):
         """A lost peer: the input pipeline may never stop cleanly now (TensorFlow aborted its
         collectives); keep what is written, close the consumers for a moment at most."""
         self._stopping.set()
-        if self.source is not None:
-            self.source.training_over()
+        source = self.source
+        self._input_closed = True
+        if source is not None:
+            source.training_over()
         self._reader_stop.set()
         self._reader = None  # not joined
-        if self.audit is not None:
-            self.audit.close()
-            self.audit = None
-        source, self.source = self.source, None
+        if self.parts is not None and self.parts.audit is not None:
+            self.parts.audit.close()  # what was trained is on disk
         if source is not None:
             source.stop()
             closing = threading.Thread(target=source.close, name="streamer-abort", daemon=True)
@@ -594,10 +403,11 @@ class DistributedWorker(Lifecycle):
 
     def _close_input(self) -> None:
         """Stop the input reader and close the consumers (their commits are sent first)."""
-        if self.source is not None:
-            self.source.training_over()
+        source = self.source
+        self._input_closed = True
+        if source is not None:
+            source.training_over()
         self._reader_stop.set()
-        source, self.source = self.source, None
         if source is not None:
             source.stop()
         if self._reader is not None:

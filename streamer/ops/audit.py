@@ -59,5 +59,8 @@ class AuditLog:
         return dropped
 
     def close(self) -> None:
+        """Flush to disk and close (again: nothing)."""
+        if self._fh.closed:
+            return
         self.flush()
         self._fh.close()

@@ -3,13 +3,13 @@ model): exit codes, shutdown whatever happens, the first stop reason, non-finite
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import logging
 import os
 import signal
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -26,6 +26,17 @@ def _metrics() -> Metrics:
     return Metrics("t", version="0", tensorflow_version="0", kafka_python_version="0")
 
 
+def _parts(**parts: object) -> SimpleNamespace:
+    """What the shared life reads of a run's parts (``streamer.parts.Parts``), built here."""
+    defaults: dict[str, object] = {
+        "metrics": _metrics(),
+        "source": None,
+        "probe": None,
+        "checkpointer": None,
+    }
+    return SimpleNamespace(**{**defaults, **parts}, close=lambda: None)
+
+
 class Loop(Lifecycle):
     """A loop that runs ``body`` and records what the shared life did around it."""
 
@@ -36,7 +47,7 @@ class Loop(Lifecycle):
         self.stops: list[str] = []
 
     def _run(self) -> int:
-        self.metrics = _metrics()
+        self.parts = _parts()  # type: ignore[assignment]
         if isinstance(self.body, BaseException):
             raise self.body
         assert callable(self.body)
@@ -133,7 +144,7 @@ def test_a_sigterm_is_a_stop_request_its_late_copy_is_ignored_and_a_later_one_is
 
 def test_non_finite_steps_in_a_row_stop_the_worker_and_an_applied_step_releases_them() -> None:
     loop = Loop(lambda lp: 0, max_nonfinite_steps="2")
-    loop.metrics = _metrics()
+    loop.parts = _parts()  # type: ignore[assignment]
     acked: list[tuple[list[int], list[int]]] = []
     part, off = np.array([0, 0], np.int32), np.array([5, 6], np.int64)
     loop.skipped_step(part, off)
@@ -181,19 +192,18 @@ def test_both_loops_stop_being_ready_without_a_broker_or_with_the_topic_deleted(
     """One readiness for both loops (``Lifecycle.update_ready``): a cluster worker whose broker
     is away or whose topic was deleted is not ready, like a worker of its own."""
     loop = _loops()[index]
-    loop.source = _Source(2)  # type: ignore[assignment]
-    loop.probe = _Probe(up=True)  # type: ignore[assignment]
+    parts = loop.parts = _parts(source=_Source(2), probe=_Probe(up=True))  # type: ignore[assignment]
     loop.update_ready()
     ready, why = loop.health.readiness()
     assert ready and "2 partitions assigned" in why, why
-    loop.source = _Source(2, topic_missing=True)  # type: ignore[assignment]
+    parts.source = _Source(2, topic_missing=True)
     loop.update_ready()
     assert loop.health.readiness() == (False, "topic t does not exist (deleted?); waiting for it")
-    loop.probe = _Probe(up=False)  # type: ignore[assignment]
+    parts.probe = _Probe(up=False)
     loop.update_ready()
     assert loop.health.readiness() == (False, "no broker reachable at 127.0.0.1:1")
-    loop.probe = _Probe(up=True)  # type: ignore[assignment]
-    loop.source = _Source(0)  # type: ignore[assignment]
+    parts.probe = _Probe(up=True)
+    parts.source = _Source(0)
     loop.update_ready()
     assert loop.health.readiness() == (False, "no partitions assigned")
 
@@ -211,7 +221,7 @@ def test_both_loops_tune_the_gc_and_trim_the_heap(
     monkeypatch.setattr(lifecycle, "tune_gc", lambda: calls.append("tune"))
     monkeypatch.setattr(lifecycle, "release_free_memory", lambda: calls.append("trim"))
     monkeypatch.setattr(lifecycle, "TRIM_EVERY_S", 0.5)
-    loop.config = dataclasses.replace(loop.config, bootstrap=None)  # no probe thread
+    loop.parts = _parts()  # type: ignore[assignment]  # no broker: no probe
     loop.start_watch()
     deadline = time.monotonic() + 10
     while calls.count("trim") < 2 and time.monotonic() < deadline:

@@ -305,12 +305,10 @@ def test_embedded_recommender_task_trains_and_a_schema_of_ones_own_gets_random_r
         sim_task="recommender", model="examples.recommender:build", max_steps=30
     )
     assert worker.step == 30 and math.isfinite(worker.loss)
-    assert worker.metrics is not None
     assert worker.metrics.snapshot()["decode_errors"] == 0
     # A schema file without --bootstrap: random valid records of it, every kind decoded.
     schema = tmp_path / "kinds.toml"
     schema.write_text(KINDS_TOML)
     worker = _run_in_process(schema=str(schema), model="examples.recommender:build", max_steps=10)
     assert worker.step == 10 and math.isfinite(worker.loss)
-    assert worker.metrics is not None
     assert worker.metrics.snapshot()["decode_errors"] == 0

@@ -43,10 +43,11 @@ def _run(
         events.append("batch" if out is not None else "end")
         return out
 
-    def built(self: Worker) -> None:
-        build(self)
+    def built(self: Worker) -> Any:
+        parts = build(self)
         assert self.overlap_steps is False  # no GPU here: settle every step at once
         self.overlap_steps = overlap  # as on an accelerator
+        return parts
 
     monkeypatch.setattr(Trainer, "dispatch", noted_dispatch)
     monkeypatch.setattr(StepHandle, "result", noted_result)
@@ -62,7 +63,7 @@ def _run(
     # The final checkpoint holds the model of exactly STEPS steps and their records.
     latest = tf.train.latest_checkpoint(str(ckpt))
     assert latest is not None and latest.endswith(f"ckpt-{STEPS}"), latest
-    points = worker.tracker.commit_points()
+    points = worker.built.tracker.commit_points()
     assert sum(points.values()) == STEPS * BATCH, points
     return events, worker
 

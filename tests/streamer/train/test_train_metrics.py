@@ -60,14 +60,14 @@ def test_sample_weight_names_the_feature_keras_weights_by(tmp_path: Path) -> Non
         status_interval=0.05,
     )
     assert code == 0, log
-    bundle = worker.bundle
+    bundle = worker.built.bundle
     assert bundle.weight == "w" and bundle.input_names == ("x",) and bundle.labels == ("y",)
     batch = {
         "x": np.zeros((2, 8), np.float32),
         "w": np.array([0.5, 2.0], np.float32),
         "y": np.zeros(2),
     }
-    _x, _y, sw = worker.trainer.data(batch)
+    _x, _y, sw = worker.built.steps.data(batch)
     assert sw is batch["w"]
     assert math.isfinite(worker.loss)
     # A name that is not a scalar feature of the schema is a setting error, named.
@@ -85,4 +85,4 @@ def test_the_readme_example_model_trains_and_its_loss_falls() -> None:
     assert code == 0, log
     losses = [float(v) for v in re.findall(r"progress step=\d+ .*? loss=(\S+)", log)]
     assert len(losses) >= 2 and losses[-1] < 0.5 * losses[0], losses
-    assert worker.bundle.model.losses, "the L2 regularizer's loss is part of the model"
+    assert worker.built.bundle.model.losses, "the L2 regularizer's loss is part of the model"
