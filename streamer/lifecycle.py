@@ -29,9 +29,10 @@ from streamer.ops.health import Health
 from streamer.ops.metrics import Metrics
 from streamer.ops.signals import SignalWatch, StopOnSignal
 from streamer.ops.status import StatusLine
+from streamer.ops.tboard import ProfileWindow, TrainingSummaries
 from streamer.parts import MissingPartError, Parts, Plan, StepT, build_parts
 from streamer.stopping import StopReason
-from streamer.train.callbacks import CallbackList, LeaseCheck
+from streamer.train.callbacks import CallbackList, LeaseCheck, Profiler, TensorBoard
 from streamer.train.errors import ModelDivergedError
 from streamer.train.nonfinite import NonFiniteSteps, describe_offsets
 
@@ -124,6 +125,24 @@ class Lifecycle(Generic[StepT]):
             self.callbacks.append(LeaseCheck(parts.lease))
         self.start_watch()
         return parts
+
+    def logdir_callbacks(self, parts: Parts[StepT]) -> TrainingSummaries | None:
+        """--logdir: TensorBoard summaries (loss, samples/s, input wait, lag every interval;
+        the train metrics at each report) and the --profile-steps window, appended as
+        callbacks; the summaries (None without --logdir)."""
+        cfg, metrics = self.config, parts.metrics
+        if not cfg.logdir:
+            return None
+        summaries = TrainingSummaries(
+            cfg.logdir,
+            cfg.status_interval,
+            lag=lambda: metrics.snapshot()["consumer_lag_records"],
+        )
+        window = cfg.profile_range()
+        if window is not None:
+            self.callbacks.append(Profiler(ProfileWindow(cfg.logdir, *window)))
+        self.callbacks.append(TensorBoard(summaries))
+        return summaries
 
     @property
     def built(self) -> Parts[StepT]:

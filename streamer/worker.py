@@ -17,14 +17,14 @@ from streamer.config import WorkerConfig, shard_runtime_choice
 from streamer.input.errors import PipelineError
 from streamer.input.source import METADATA_COLUMNS, end_iterator
 from streamer.lifecycle import Lifecycle
-from streamer.ops.tboard import ProfileWindow, TrainingSummaries
+from streamer.ops.tboard import TrainingSummaries
 from streamer.parts import LocalPlan, Parts, required
 from streamer.rollback import RollbackPoint, RollbackPoints
 from streamer.stopping import StopKind, StopReason
-from streamer.train.callbacks import Every, Profiler, TensorBoard, TrainMetricReport, WhenDue
+from streamer.train.callbacks import Export, TrainMetricReport, WhenDue
 from streamer.train.errors import ModelDivergedError
 from streamer.train.evaluate import Evaluator
-from streamer.train.export import Exporter, serving_inputs
+from streamer.train.export import Exporter, publish
 from streamer.train.trainer import StepHandle, StepsResult, Trainer
 
 __all__ = ["Worker"]
@@ -70,8 +70,8 @@ class Worker(Lifecycle[Trainer]):
         #: Until when an idle stop waits for the group's partitions held elsewhere.
         self._idle_grace_until: float | None = None
         self.exporter: Exporter | None = None
+        self.exports: Export | None = None
         self.summaries: TrainingSummaries | None = None
-        self.profiler: ProfileWindow | None = None
         self.evaluator: Evaluator | None = None
         self._diverged: ModelDivergedError | None = None
         #: A call of several steps failed part way: the model holds steps whose records were
@@ -79,7 +79,6 @@ class Worker(Lifecycle[Trainer]):
         self._untracked = False
         self._final_lag: int | None = None  # the lag as the last pass ended (status line)
         self.reports: TrainMetricReport | None = None
-        self._run_start_step = self._exported_step = 0
         # --eval-every-seconds counts from the first step of this run and then from the end of
         # the previous evaluation (so a slow evaluation never runs back to back with the next).
         self._eval_clock: float | None = None
@@ -108,19 +107,7 @@ class Worker(Lifecycle[Trainer]):
     def _build_online(self, parts: Parts[Trainer]) -> None:
         """Export, TensorBoard summaries, the profiler window and evaluation, as configured."""
         cfg = self.config
-        metrics = parts.metrics
-        if cfg.export_dir:
-            extra = {"replay": cfg.replay.describe()} if cfg.replay is not None else None
-            self.exporter = Exporter(cfg.export_dir, keep=cfg.export_keep, info=extra)
-        if cfg.logdir:
-            self.summaries = TrainingSummaries(
-                cfg.logdir,
-                cfg.status_interval,
-                lag=lambda: metrics.snapshot()["consumer_lag_records"],
-            )
-            window = cfg.profile_range()
-            if window is not None:
-                self.profiler = ProfileWindow(cfg.logdir, *window)
+        self.summaries = self.logdir_callbacks(parts)
         if cfg.eval_topic:
             self.evaluator = Evaluator(
                 cfg.consumer_settings(),
@@ -135,26 +122,23 @@ class Worker(Lifecycle[Trainer]):
         self.reports = TrainMetricReport(
             cfg.status_interval,
             lambda: parts.steps.metric_values(reset=True),
-            metrics=metrics,
+            metrics=parts.metrics,
             status=lambda: self.status,
             summaries=self.summaries,
         )
-        for callback in (
-            Profiler(self.profiler) if self.profiler is not None else None,
-            self.reports,
-            TensorBoard(self.summaries) if self.summaries is not None else None,
-            WhenDue(
-                lambda _: self._evaluation_due(), lambda _: self._evaluate(), self.evaluator.close
+        self.callbacks.append(self.reports)
+        if self.evaluator is not None:
+            evaluator = self.evaluator
+            self.callbacks.append(
+                WhenDue(
+                    lambda _: self._evaluation_due(), lambda _: self._evaluate(), evaluator.close
+                )
             )
-            if self.evaluator is not None
-            else None,
-            Every(cfg.export_every_steps, lambda _: self._export())
-            if self.exporter is not None
-            else None,
-        ):
-            if callback is not None:
-                self.callbacks.append(callback)
-        self._run_start_step = self._exported_step = self.step
+        if cfg.export_dir:
+            extra = {"replay": cfg.replay.describe()} if cfg.replay is not None else None
+            self.exporter = Exporter(cfg.export_dir, keep=cfg.export_keep, info=extra)
+            self.exports = Export(cfg.export_every_steps, self._export, start_step=self.step)
+            self.callbacks.append(self.exports)
 
     def _broker_down(self) -> None:
         self._last_data = time.monotonic()  # an outage is not idleness (--stop-after-idle waits)
@@ -189,11 +173,8 @@ class Worker(Lifecycle[Trainer]):
                 )
             ):
                 self._stop_when_idle(cfg.stop_after_idle)
-        if self.exporter is not None and self.step not in (
-            self._exported_step,
-            self._run_start_step,
-        ):
-            self._export()  # a clean stop: the final model is served too
+        if self.exports is not None:
+            self.exports.final(self.step)  # a clean stop: the final model is served too
         status.maybe(self.step, self.loss, final=True, lag=self._final_lag)
         status.end()
         log.info("stopped (%s) at step %d", self._stop_reason, self.step)
@@ -537,29 +518,24 @@ class Worker(Lifecycle[Trainer]):
             },
         )
 
-    def _export(self) -> None:
+    def _export(self, step: int) -> bool:
+        """This model at ``step`` (the loop's own), and its position in every partition."""
         exporter = required(self.exporter, "exporter", "built with --export-dir")
         parts = self.built
-        t0 = time.monotonic()
         try:
-            # Every partition of the topic: its position, or None where this model has none.
-            known = parts.position.current(parts.tracker.commit_points())
-            offsets = {p: known.get(p) for p in sorted({*parts.topic_partitions, *known})}
-            path = exporter.export(
+            offsets = parts.offsets_for_export()
+            path = publish(
+                exporter,
                 parts.bundle.model,
-                self.step,
+                step,
                 offsets,
                 self.config.topic,
-                inputs=serving_inputs(parts.dataset.element_spec, parts.bundle.input_names),
+                parts.serving_inputs(),
             )
         except ModelDivergedError as exc:  # non-finite weights: never exported
             self._diverged = exc
             raise
-        except Exception as exc:  # a failed export never stops training
-            log.error("export at step %d failed: %s", self.step, exc)
-            return
-        self._exported_step = self.step
-        log.info("exported %s at step %d in %.2fs", path, self.step, time.monotonic() - t0)
+        return path is not None
 
     def _evaluation_due(self) -> bool:
         """Every --eval-every-steps steps, or --eval-every-seconds after the last evaluation;

@@ -73,10 +73,12 @@ def check_config(cfg: WorkerConfig, topology: Topology) -> None:
             "bootstrap", None, f"{topology.describe()}: multi-worker training reads Kafka"
         )
     for name, why in (
-        ("eval_topic", "evaluate on one worker of its own from the chief's checkpoints"),
-        ("export_dir", "export from the chief's checkpoints"),
-        ("logdir", "not supported with several workers yet"),
-        ("profile_steps", "not supported with several workers yet"),
+        (
+            "eval_topic",
+            "not with several workers: an evaluation reads its metrics by all-reduce, so "
+            "every worker would stop training for each one; evaluate the chief's exports "
+            "(--export-dir) on their own",
+        ),
         ("pass_records", "a multi-worker pass lasts the whole run (quiet input is padded)"),
         ("pass_seconds", "a multi-worker pass lasts the whole run (quiet input is padded)"),
         ("replay", "replay a range with one worker"),

@@ -21,6 +21,7 @@ import logging
 import os
 import queue
 import shutil
+import tempfile
 import threading
 import time
 from typing import IO, Any
@@ -47,7 +48,8 @@ from streamer.input.source import end_iterator
 from streamer.lifecycle import Lifecycle
 from streamer.parts import Parts, required
 from streamer.stopping import StopKind, StopReason
-from streamer.train.callbacks import TrainMetricReport
+from streamer.train.callbacks import Export, TrainMetricReport
+from streamer.train.export import Exporter, publish
 
 __all__ = ["DistributedWorker", "PeerLostError", "check_config"]
 
@@ -94,6 +96,9 @@ class DistributedWorker(Lifecycle[ClusterStep]):
             automatic=False,
         )
         self.callbacks.append(self.reports)
+        #: --export-dir: every worker exports at the same rounds (the offsets all-reduced),
+        #: the chief into the directory (``_export``).
+        self.exports: Export | None = None
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -110,6 +115,12 @@ class DistributedWorker(Lifecycle[ClusterStep]):
         )
         parts = self.build(ClusterPlan(topo, formed=self._take_signals_back))
         self.reports.metrics = parts.metrics
+        cfg = self.config
+        if topo.chief:  # as Keras' TensorBoard callback under MWMS: the chief writes
+            self.reports.summaries = self.logdir_callbacks(parts)
+        if cfg.export_dir:
+            self.exports = Export(cfg.export_every_steps, self._export, start_step=self.step)
+            self.callbacks.append(self.exports)
         return parts
 
     def _take_signals_back(self) -> None:
@@ -299,6 +310,8 @@ class DistributedWorker(Lifecycle[ClusterStep]):
             status.maybe(self.step, self.loss)
             wait = should_wait(ctrl, mine=batch.real, full=batch.real == batch.size)
             if decision.stop is not None:
+                if self.exports is not None:  # every worker at this round: the final model
+                    self.exports.final(self.step)
                 return decision.stop
 
     def _after_step(self, batch: Batch, rows: int, applied: bool, seconds: float) -> None:
@@ -380,6 +393,31 @@ class DistributedWorker(Lifecycle[ClusterStep]):
             "checkpoint %s at step %d weights %s", path, step, weights_digest(parts.bundle.model)
         )
         return {p: o for p, o in offsets.items() if p in own}
+
+    def _export(self, step: int) -> bool:
+        """Every worker at the same round: every partition's position all-reduced (each fills
+        its own), the model exported by the chief into --export-dir and by the others into
+        a throwaway directory (as checkpoints: saving under MWMS is every worker's work);
+        whether it succeeded here."""
+        parts, topo = self.built, self.topology
+        own, count = frozenset(parts.partitions), max(parts.topic_partitions) + 1
+        known = parts.position.current(parts.tracker.commit_points())
+        mine = {p: o for p, o in known.items() if p in own}
+        every = offsets_from_vector(parts.steps.sync(offsets_vector(mine, count)))
+        offsets = {p: every.get(p) for p in parts.topic_partitions}
+        self.health.beat("trainer")
+        export_dir = required(self.config.export_dir, "export directory", "--export-dir")
+        where = export_dir if topo.chief else tempfile.mkdtemp(prefix="streamer-export-")
+        try:
+            exporter = Exporter(where, keep=self.config.export_keep)
+            model, inputs = parts.bundle.model, parts.serving_inputs()
+            path = publish(
+                exporter, model, step, offsets, self.config.topic, inputs, announce=topo.chief
+            )
+            return path is not None
+        finally:
+            if not topo.chief:
+                shutil.rmtree(where, ignore_errors=True)
 
     # ---- shutdown -----------------------------------------------------------------------------
 

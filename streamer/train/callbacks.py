@@ -36,6 +36,7 @@ __all__ = [
     "Callback",
     "CallbackList",
     "Every",
+    "Export",
     "LeaseCheck",
     "Profiler",
     "TensorBoard",
@@ -230,6 +231,37 @@ class Every(Callback):
         steps = int((logs or {}).get("steps", 1))
         if step // self.every_steps > (step - steps) // self.every_steps:
             self.action(step)
+
+
+class Export(Callback):
+    """Export the model every ``every_steps`` steps (``Every``), and once more at a clean stop
+    (``final``) when the model moved since the last export and since the run began.
+    ``action(step)`` exports and returns whether it succeeded (a failed export never stops
+    training: the next one tries again).
+
+    >>> done = []
+    >>> e = Export(10, lambda step: done.append(step) or True, start_step=0)
+    >>> e.on_train_batch_end(10, {"steps": 1}); e.final(10); e.final(12); done
+    [10, 12]
+    """
+
+    def __init__(self, every_steps: int, action: Callable[[int], bool], *, start_step: int) -> None:
+        self.action = action
+        self.start_step = start_step
+        self.exported_step = start_step
+        self.every = Every(every_steps, self._export)
+
+    def _export(self, step: int) -> None:
+        if self.action(step):
+            self.exported_step = step
+
+    def on_train_batch_end(self, step: int, logs: Logs | None = None) -> None:
+        self.every.on_train_batch_end(step, logs)
+
+    def final(self, step: int) -> None:
+        """A clean stop: the final model is served too."""
+        if step not in (self.exported_step, self.start_step):
+            self._export(step)
 
 
 class WhenDue(Callback):

@@ -46,9 +46,10 @@ import keras
 import tensorflow as tf
 
 from streamer.decode.schema import ROW_LENGTHS_SUFFIX
+from streamer.train.errors import ModelDivergedError
 from streamer.train.trainer import check_finite_weights
 
-__all__ = ["INFO_FILE", "Exporter", "read_info", "serving_inputs"]
+__all__ = ["INFO_FILE", "Exporter", "publish", "read_info", "serving_inputs"]
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,38 @@ def serving_inputs(element_spec: Mapping[str, Any], names: Sequence[str]) -> dic
         else:
             out[name] = tf.TensorSpec([None, *spec.shape[1:]], spec.dtype, name=name)
     return out
+
+
+def publish(
+    exporter: Exporter,
+    model: keras.Model,
+    step: int,
+    offsets: Mapping[int, int | None],
+    topic: str,
+    inputs: Mapping[str, tf.TypeSpec] | None,
+    *,
+    announce: bool = True,
+) -> str | None:
+    """``exporter.export``, timed and logged: the version's directory, or None when it failed
+    (an ERROR line: a failed export never stops training). A model with a non-finite weight
+    raises ModelDivergedError (never exported). ``announce`` False: the success line is DEBUG
+    (a cluster worker's throwaway copy)."""
+    t0 = time.monotonic()
+    try:
+        path = exporter.export(model, step, offsets, topic, inputs=inputs)
+    except ModelDivergedError:
+        raise
+    except Exception as exc:
+        log.error("export at step %d failed: %s", step, exc)
+        return None
+    log.log(
+        logging.INFO if announce else logging.DEBUG,
+        "exported %s at step %d in %.2fs",
+        path,
+        step,
+        time.monotonic() - t0,
+    )
+    return path
 
 
 def _export_with_ragged(model: keras.Model, path: str, inputs: Mapping[str, tf.TypeSpec]) -> None:

@@ -331,7 +331,6 @@ def test_options_without_meaning_for_several_workers_are_refused() -> None:
     base = {"bootstrap": "127.0.0.1:9092"}
     for key, value in (
         ("eval_topic", "e"),
-        ("export_dir", "/x"),
         ("pass_records", "10"),
         ("start_from", "earliest"),  # the chief's checkpoint would hold unread partitions
     ):
@@ -340,6 +339,8 @@ def test_options_without_meaning_for_several_workers_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"mixed_precision.*loss scaling"):
         check_config(load_config({**base, "mixed_precision": True}, env={}), topo)
     check_config(load_config(base, env={}), topo)
+    # The chief exports and writes TensorBoard summaries and the profile (issue 33).
+    check_config(load_config({**base, "export_dir": "/x", "logdir": "/l"}, env={}), topo)
 
 
 def test_launch_gives_each_worker_its_index_and_port() -> None:
@@ -494,7 +495,8 @@ def test_two_workers_on_uneven_input_train_every_record_once_with_identical_weig
     """`streamer launch`, run to idle: worker 1's partitions hold a tenth of worker 0's, so it
     pads most rounds; nothing deadlocks, every record is trained once over the union of the
     audit logs, the commits reach the end offsets, and both workers hold the same weights at
-    every checkpoint."""
+    every checkpoint. The chief exports the cluster's model (every partition's position in
+    it, the last at the stop) and writes TensorBoard summaries."""
     topic = make_topic(4)
     produce_to(kafka_bootstrap, topic, {0: 3000, 2: 2500, 1: 300, 3: 200})
     ends = end_offsets(kafka_bootstrap, topic)
@@ -504,6 +506,8 @@ def test_two_workers_on_uneven_input_train_every_record_once_with_identical_weig
         group_id,
         tmp_path / "audit-{index}.csv",
         "--stop-after-idle", "4", "--checkpoint-every-steps", "8", "--metrics-port", "0",
+        "--export-dir", str(tmp_path / "export"), "--export-every-steps", "10",
+        "--logdir", str(tmp_path / "tb"),
         ckpt=tmp_path / "ckpt",
     )  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith("STREAMER_")}
@@ -542,6 +546,15 @@ def test_two_workers_on_uneven_input_train_every_record_once_with_identical_weig
     crcs = [checkpoints(lines[i]) for i in (0, 1)]
     assert len(crcs[0]) >= 2 and crcs[0] == crcs[1], crcs
     assert max(crcs[0]) == int(stops[0].group(2))  # type: ignore[union-attr]
+
+    from streamer.train.export import Exporter, read_info
+
+    versions = Exporter(str(tmp_path / "export")).versions()
+    assert len(versions) >= 2 and versions[-1] == max(crcs[0]), (versions, text[-3000:])
+    info = read_info(str(tmp_path / "export" / str(versions[-1])))
+    assert info["offsets"] == ends  # every partition, both workers' (all-reduced)
+    assert "exported" in lines[0] and "exported" not in lines[1]  # a copy, thrown away
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "no TensorBoard summaries"
 
 
 @pytest.mark.kafka
