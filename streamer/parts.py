@@ -136,22 +136,6 @@ class Parts(Generic[StepT]):
     topic_partitions: tuple[int, ...]  # every partition of the topic
     partitions: tuple[int, ...]  # this worker's, where it reads a fixed set (a cluster's)
 
-    def serving_inputs(self) -> dict[str, tf.TypeSpec]:
-        """The specs of the model's inputs in a batch, any batch size (an export's signature);
-        a cluster's dataset is decoded blocks, so from the batches its source would make."""
-        from streamer.train.export import serving_inputs
-
-        spec = self.dataset.element_spec
-        if not isinstance(spec, dict):
-            spec = self.source.dataset().element_spec  # built, never iterated: nothing opens
-        return serving_inputs(spec, self.bundle.input_names)
-
-    def offsets_for_export(self) -> dict[int, int | None]:
-        """Every partition of the topic: this model's position in it, or None where it has
-        none."""
-        known = self.position.current(self.tracker.commit_points())
-        return {p: known.get(p) for p in sorted({*self.topic_partitions, *known})}
-
     def close(self) -> None:
         """Close what the parts hold open besides the input (the loop's shutdown closes the
         source first, for its last commits): the audit log, the probe, the server."""

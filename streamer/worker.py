@@ -24,7 +24,7 @@ from streamer.stopping import StopKind, StopReason
 from streamer.train.callbacks import Export, TrainMetricReport, WhenDue
 from streamer.train.errors import ModelDivergedError
 from streamer.train.evaluate import Evaluator
-from streamer.train.export import Exporter, publish
+from streamer.train.export import Exporter, publish, serving_inputs
 from streamer.train.trainer import StepHandle, StepsResult, Trainer
 
 __all__ = ["Worker"]
@@ -522,16 +522,12 @@ class Worker(Lifecycle[Trainer]):
         """This model at ``step`` (the loop's own), and its position in every partition."""
         exporter = required(self.exporter, "exporter", "built with --export-dir")
         parts = self.built
+        # Every partition of the topic: its position, or None where this model has none.
+        known = parts.position.current(parts.tracker.commit_points())
+        offsets = {p: known.get(p) for p in sorted({*parts.topic_partitions, *known})}
+        inputs = serving_inputs(parts.dataset.element_spec, parts.bundle.input_names)
         try:
-            offsets = parts.offsets_for_export()
-            path = publish(
-                exporter,
-                parts.bundle.model,
-                step,
-                offsets,
-                self.config.topic,
-                parts.serving_inputs(),
-            )
+            path = publish(exporter, parts.bundle.model, step, offsets, self.config.topic, inputs)
         except ModelDivergedError as exc:  # non-finite weights: never exported
             self._diverged = exc
             raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import uuid
@@ -25,9 +26,17 @@ def kafka_bootstrap() -> Iterator[str]:
     if given:
         yield given
         return
-    proc = subprocess.run(
-        ["bash", str(KAFKA_SH), "start"], capture_output=True, text=True, timeout=600, check=False
-    )
+    # Under pytest-xdist each worker process asks: one starts it, the others wait for that
+    # start and find it running (kafka.sh start answers the running broker's address).
+    with open(ROOT / ".local-kafka.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(
+            ["bash", str(KAFKA_SH), "start"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
     print(proc.stderr, end="")
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:

@@ -48,6 +48,12 @@ need_tools() {
 fetch_jars() {
     if [ -f "$libs/.complete" ]; then return; fi
     command -v mvn >/dev/null 2>&1 || die "mvn not found: install Maven to fetch the Kafka jars (Debian: apt-get install maven)"
+    # One fetch at a time (brokers started side by side, e.g. by parallel tests): the others
+    # wait for it and find the jars complete.
+    mkdir -p "$(dirname "$libs")"
+    exec 8>"$libs.lock"
+    flock 8
+    if [ -f "$libs/.complete" ]; then exec 8>&-; return; fi
     log "fetching Kafka $kafka_version jars from Maven Central into $libs"
     mkdir -p "$libs"
     mvn -B -q -f "$here/pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
@@ -55,6 +61,7 @@ fetch_jars() {
     mkdir -p "$libs/ping"
     javac -d "$libs/ping" -cp "$libs/*" "$here/Ping.java" || die "could not compile Ping.java"
     touch "$libs/.complete"
+    exec 8>&-
 }
 
 tools_jars() {
@@ -62,6 +69,11 @@ tools_jars() {
     local tools="${KAFKA_TOOLS_DIR:-$HOME/.cache/streamer/kafka-tools-$kafka_version}"
     if [ ! -f "$tools/.complete" ]; then
         command -v mvn >/dev/null 2>&1 || die "mvn not found: install Maven to fetch Kafka's tools"
+        mkdir -p "$(dirname "$tools")"
+        exec 7>"$tools.lock"
+        flock 7  # one fetch at a time; a fetch that waited finds them complete
+    fi
+    if [ ! -f "$tools/.complete" ]; then
         log "fetching kafka-tools $kafka_version jars from Maven Central into $tools"
         mkdir -p "$tools"
         mvn -B -q -f "$repo/tests/interop/pom.xml" dependency:copy-dependencies \
@@ -69,6 +81,7 @@ tools_jars() {
             || die "maven could not fetch kafka-tools (see above)"
         touch "$tools/.complete"
     fi
+    exec 7>&-
     echo "$tools"
 }
 

@@ -49,7 +49,7 @@ from streamer.lifecycle import Lifecycle
 from streamer.parts import Parts, required
 from streamer.stopping import StopKind, StopReason
 from streamer.train.callbacks import Export, TrainMetricReport
-from streamer.train.export import Exporter, publish
+from streamer.train.export import Exporter, publish, serving_inputs
 
 __all__ = ["DistributedWorker", "PeerLostError", "check_config"]
 
@@ -99,6 +99,7 @@ class DistributedWorker(Lifecycle[ClusterStep]):
         #: --export-dir: every worker exports at the same rounds (the offsets all-reduced),
         #: the chief into the directory (``_export``).
         self.exports: Export | None = None
+        self._batch_spec: dict[str, Any] | None = None  # the first batch's (``_features``)
 
     # ---- set-up -----------------------------------------------------------------------------
 
@@ -170,7 +171,12 @@ class DistributedWorker(Lifecycle[ClusterStep]):
                 continue
 
     def _features(self, batch: Batch) -> dict[str, Any]:
-        return to_batch(self.built.schema, [tf.constant(a) for a in flat_outputs(batch.columns)])
+        features = to_batch(
+            self.built.schema, [tf.constant(a) for a in flat_outputs(batch.columns)]
+        )
+        if self._batch_spec is None:  # an export's signature: the specs of a batch's inputs
+            self._batch_spec = {k: tf.type_spec_from_value(v) for k, v in features.items()}
+        return features
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -410,7 +416,9 @@ class DistributedWorker(Lifecycle[ClusterStep]):
         where = export_dir if topo.chief else tempfile.mkdtemp(prefix="streamer-export-")
         try:
             exporter = Exporter(where, keep=self.config.export_keep)
-            model, inputs = parts.bundle.model, parts.serving_inputs()
+            model = parts.bundle.model
+            spec = self._batch_spec  # None before any batch: Keras' own, from the model
+            inputs = None if spec is None else serving_inputs(spec, parts.bundle.input_names)
             path = publish(
                 exporter, model, step, offsets, self.config.topic, inputs, announce=topo.chief
             )

@@ -8,6 +8,7 @@ fetched from Maven Central once into ``~/.cache/streamer``.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -76,6 +77,16 @@ def tools_libs() -> Path:
     if (libs / ".complete").exists():
         return libs
     libs.mkdir(parents=True, exist_ok=True)
+    # One fetch at a time (parallel test workers, kafka.sh's consumer-groups): flock(2), as
+    # kafka.sh takes it; a fetch that waited finds the jars complete.
+    with open(f"{libs}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (libs / ".complete").exists():
+            _fetch_tools(libs)
+    return libs
+
+
+def _fetch_tools(libs: Path) -> None:
     proc = subprocess.run(
         [
             "mvn",
@@ -95,7 +106,6 @@ def tools_libs() -> Path:
     if proc.returncode != 0:
         raise RuntimeError(f"maven could not fetch kafka-tools:\n{proc.stdout[-3000:]}")
     (libs / ".complete").touch()
-    return libs
 
 
 @dataclass(frozen=True)
