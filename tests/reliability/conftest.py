@@ -8,7 +8,10 @@ folder and on its own ports.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -96,6 +99,10 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
     node down should ``heal()`` it. A start failure fails the test in CI and skips it elsewhere.
     """
     need_tools("java", "bash", "python3")
+    # One 3-node cluster on the machine at a time: under pytest-xdist the modules that ask
+    # for it may run side by side, and six brokers on two cores would starve both.
+    lock = open(os.path.join(tempfile.gettempdir(), "streamer-test-cluster.lock"), "w")  # noqa: SIM115
+    fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
     cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"), nodes=3)
     try:
         cluster.start()
@@ -104,6 +111,10 @@ def kafka_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaClu
             cluster.stop()
         except (ClusterError, OSError, subprocess.TimeoutExpired) as stop_exc:
             print(f"stopping the half-started cluster: {stop_exc}")
+        lock.close()
         unavailable(f"could not start the 3-node Kafka cluster: {exc}")
-    yield cluster
-    cluster.stop()  # the state folder (logs) stays under pytest's basetemp
+    try:
+        yield cluster
+    finally:
+        cluster.stop()  # the state folder (logs) stays under pytest's basetemp
+        lock.close()
