@@ -21,7 +21,7 @@ from streamer.ops.tboard import TrainingSummaries
 from streamer.parts import LocalPlan, Parts, required
 from streamer.rollback import RollbackPoint, RollbackPoints
 from streamer.stopping import StopKind, StopReason
-from streamer.train.callbacks import Export, TrainMetricReport, WhenDue
+from streamer.train.callbacks import Evaluation, Export, TrainMetricReport
 from streamer.train.errors import ModelDivergedError
 from streamer.train.evaluate import Evaluator
 from streamer.train.export import Exporter, publish, serving_inputs
@@ -79,10 +79,6 @@ class Worker(Lifecycle[Trainer]):
         self._untracked = False
         self._final_lag: int | None = None  # the lag as the last pass ended (status line)
         self.reports: TrainMetricReport | None = None
-        # --eval-every-seconds counts from the first step of this run and then from the end of
-        # the previous evaluation (so a slow evaluation never runs back to back with the next).
-        self._eval_clock: float | None = None
-        self._evaluated_step = -1
         #: The checkpoints a loss of partitions may go back to (``_roll_back``).
         self.rollback_points = RollbackPoints()
         self._rolled_back = False  # the pass ended in a rollback
@@ -128,10 +124,14 @@ class Worker(Lifecycle[Trainer]):
         )
         self.callbacks.append(self.reports)
         if self.evaluator is not None:
-            evaluator = self.evaluator
             self.callbacks.append(
-                WhenDue(
-                    lambda _: self._evaluation_due(), lambda _: self._evaluate(), evaluator.close
+                Evaluation(
+                    self.evaluator,
+                    every_steps=cfg.eval_every_steps,
+                    every_seconds=cfg.eval_every_seconds,
+                    metrics=parts.metrics,
+                    reports=self.reports,
+                    summaries=self.summaries,
                 )
             )
         if cfg.export_dir:
@@ -532,50 +532,6 @@ class Worker(Lifecycle[Trainer]):
             self._diverged = exc
             raise
         return path is not None
-
-    def _evaluation_due(self) -> bool:
-        """Every --eval-every-steps steps, or --eval-every-seconds after the last evaluation;
-        at most once per step."""
-        cfg = self.config
-        if self.step == self._evaluated_step:
-            return False
-        if self.step % cfg.eval_every_steps == 0:
-            return True
-        seconds = cfg.eval_every_seconds
-        if seconds is None:
-            return False
-        now = time.monotonic()
-        if self._eval_clock is None:
-            self._eval_clock = now  # start-up (broker, group join) is not training time
-            return False
-        return now - self._eval_clock >= seconds
-
-    def _evaluate(self) -> None:
-        evaluator = required(self.evaluator, "evaluator", "built with --eval-topic")
-        if self.reports is not None:
-            self.reports.report(self.step)  # evaluation resets the model's metrics
-        self._evaluated_step = self.step
-        t0 = time.monotonic()
-        try:
-            result = evaluator.evaluate()
-        except (StreamerError, tf.errors.OpError) as exc:
-            log.warning("evaluation at step %d failed: %s", self.step, exc)
-            result = None
-        # Also after a failed or empty evaluation: the next try waits its turn.
-        end = self._eval_clock = time.monotonic()
-        if result is None:
-            return
-        self.metrics.observe_eval(result.loss, result.metrics)
-        if self.summaries is not None:
-            self.summaries.eval_loss(self.step, result.loss, result.metrics)
-        log.info(
-            "eval step=%d loss=%.5f records=%d seconds=%.2f%s",
-            self.step,
-            result.loss,
-            result.records,
-            end - t0,
-            "".join(f" {name}={value:.5f}" for name, value in result.metrics.items()),
-        )
 
     # ---- commits and checkpoints ------------------------------------------------------------
 

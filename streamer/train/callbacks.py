@@ -22,29 +22,35 @@ them for ``*_end``. ``logs`` of ``on_train_batch_end``: ``loss`` (the last step'
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from consumers.errors import StreamerError
 
 if TYPE_CHECKING:
     from streamer.ops.metrics import Metrics
     from streamer.ops.status import StatusLine
     from streamer.ops.tboard import ProfileWindow, TrainingSummaries
+    from streamer.train.evaluate import Evaluator
     from streamer.train.lease import Lease
 
 __all__ = [
     "Callback",
     "CallbackList",
+    "Evaluation",
     "Every",
     "Export",
     "LeaseCheck",
     "Profiler",
     "TensorBoard",
     "TrainMetricReport",
-    "WhenDue",
 ]
 
 Logs = Mapping[str, Any]
+
+log = logging.getLogger(__name__)
 
 
 class Callback:
@@ -264,23 +270,78 @@ class Export(Callback):
             self._export(step)
 
 
-class WhenDue(Callback):
-    """``action(step)`` after a step when ``due(step)`` says so; ``close`` at the end."""
+class Evaluation(Callback):
+    """The model on a held-out stream (``Evaluator``) every ``every_steps`` steps, or
+    ``every_seconds`` after the last evaluation ended (counted from the first step: start-up
+    is not training time; so a slow evaluation never runs back to back with the next); at
+    most once per step. The train-metric window ends first (evaluation shares the model's
+    metric state); the result goes to Prometheus, TensorBoard and the log. A failed or empty
+    evaluation is a WARNING, never a stop: the next one waits its turn."""
 
     def __init__(
         self,
-        due: Callable[[int], bool],
-        action: Callable[[int], None],
-        close: Callable[[], None] | None = None,
+        evaluator: Evaluator,
+        *,
+        every_steps: int,
+        every_seconds: float | None,
+        metrics: Metrics,
+        reports: TrainMetricReport | None = None,
+        summaries: TrainingSummaries | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.due = due
-        self.action = action
-        self.close = close
+        self.evaluator = evaluator
+        self.every_steps = every_steps
+        self.every_seconds = every_seconds
+        self.metrics = metrics
+        self.reports = reports
+        self.summaries = summaries
+        self._clock = clock
+        self._since: float | None = None  # the first step, then each evaluation's end
+        self._evaluated_step = -1
+
+    def due(self, step: int) -> bool:
+        if step == self._evaluated_step:
+            return False
+        if step % self.every_steps == 0:
+            return True
+        if self.every_seconds is None:
+            return False
+        now = self._clock()
+        if self._since is None:
+            self._since = now
+            return False
+        return now - self._since >= self.every_seconds
 
     def on_train_batch_end(self, step: int, logs: Logs | None = None) -> None:
         if self.due(step):
-            self.action(step)
+            self.evaluate(step)
+
+    def evaluate(self, step: int) -> None:
+        import tensorflow as tf
+
+        if self.reports is not None:
+            self.reports.report(step)  # evaluation resets the model's metrics
+        self._evaluated_step = step
+        t0 = self._clock()
+        try:
+            result = self.evaluator.evaluate()
+        except (StreamerError, tf.errors.OpError) as exc:
+            log.warning("evaluation at step %d failed: %s", step, exc)
+            result = None
+        end = self._since = self._clock()
+        if result is None:
+            return
+        self.metrics.observe_eval(result.loss, result.metrics)
+        if self.summaries is not None:
+            self.summaries.eval_loss(step, result.loss, result.metrics)
+        log.info(
+            "eval step=%d loss=%.5f records=%d seconds=%.2f%s",
+            step,
+            result.loss,
+            result.records,
+            end - t0,
+            "".join(f" {name}={value:.5f}" for name, value in result.metrics.items()),
+        )
 
     def on_train_end(self, logs: Logs | None = None) -> None:
-        if self.close is not None:
-            self.close()
+        self.evaluator.close()

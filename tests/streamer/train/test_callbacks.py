@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from streamer.train.callbacks import Callback, CallbackList, Every, TrainMetricReport, WhenDue
+from streamer.train.callbacks import Callback, CallbackList, Evaluation, Every, TrainMetricReport
 
 
 class _Note(Callback):
@@ -55,14 +55,54 @@ def test_every_acts_once_when_a_call_of_several_steps_crosses_a_multiple() -> No
     assert done == [16, 24, 30]
 
 
-def test_when_due_asks_after_each_step_and_closes_at_the_end() -> None:
-    done: list[int] = []
-    closed: list[bool] = []
-    cb = WhenDue(lambda step: step % 3 == 0, done.append, lambda: closed.append(True))
-    for step in range(1, 8):
-        cb.on_train_batch_end(step)
+def test_evaluation_runs_every_n_steps_or_seconds_once_a_step_and_closes_at_the_end() -> None:
+    """--eval-every-steps, or --eval-every-seconds counted from the first step and then from
+    the end of the last evaluation; never twice at one step; the report window ends first."""
+    from streamer.ops.metrics import Metrics
+    from streamer.train.evaluate import EvalResult
+
+    now = [0.0]
+    runs: list[float] = []
+    reports: list[int] = []
+
+    class Held:
+        def evaluate(self) -> EvalResult:
+            runs.append(now[0])
+            now[0] += 5.0  # an evaluation takes 5 s
+            return EvalResult(loss=0.5, metrics={"mae": 0.25}, records=10)
+
+        def close(self) -> None:
+            runs.append(-1.0)
+
+    metrics = Metrics("t", version="0", tensorflow_version="0", kafka_python_version="0")
+    report = TrainMetricReport(60, lambda: {}, clock=lambda: now[0])
+    report.report = reports.append  # type: ignore[method-assign]
+    cb = Evaluation(
+        Held(),  # type: ignore[arg-type]
+        every_steps=100,
+        every_seconds=10.0,
+        metrics=metrics,
+        reports=report,
+        clock=lambda: now[0],
+    )
+    cb.on_train_batch_end(1)  # the clock starts at the first step
+    now[0] = 9.0
+    cb.on_train_batch_end(2)
+    assert runs == []
+    now[0] = 10.0
+    cb.on_train_batch_end(3)  # 10 s after the first step
+    cb.on_train_batch_end(3)  # the same step again: not twice
+    assert runs == [10.0] and reports == [3]
+    now[0] = 24.0  # 9 s after the evaluation ended (15 s)
+    cb.on_train_batch_end(4)
+    assert runs == [10.0]
+    cb.on_train_batch_end(100)  # every 100 steps, whatever the clock
+    assert runs == [10.0, 24.0]
+    registry = metrics.registry
+    assert registry.get_sample_value("streamer_eval_loss") == 0.5
+    assert registry.get_sample_value("streamer_eval_metric", {"metric": "mae"}) == 0.25
     cb.on_train_end()
-    assert done == [3, 6] and closed == [True]
+    assert runs[-1] == -1.0
 
 
 def test_a_clusters_report_waits_for_the_agreed_round_and_an_empty_window_reads_nothing() -> None:
