@@ -130,7 +130,9 @@ class ShardRouter(ShardHooks):
             self._forced.clear()
             self._reasons.clear()
             self._resting.clear()
-            if self.rollback is None:
+            if self.topic_missing:  # positions in a topic that is gone (on_topic_missing)
+                self.tracker.revoke(list(self.tracker.commit_points()))
+            elif self.rollback is None:
                 self._mine.update(self.tracker.commit_points())
             else:  # undone by ``roll_back``, or kept by ``keep_trained``
                 self.rollback.trained.update(self.tracker.commit_points())
@@ -295,7 +297,7 @@ class ShardRouter(ShardHooks):
             for p in mine:
                 self._owner.pop(p, None)
                 self._resting.pop(p, None)
-                if p in points and rollback is None:
+                if p in points and rollback is None and not self.topic_missing:
                     self._mine[p] = points[p]
                     if p in self._forced:
                         # Back in this pass, it starts from what is done, not from the
@@ -405,15 +407,20 @@ class ShardRouter(ShardHooks):
     def on_topic_missing(self, shard_index: int, missing: bool) -> None:
         with self._lock:
             self.topic_missing = missing
-            if missing and (self._mine or self._forced):
+            known = self._mine or self._forced or self.tracker.commit_points()
+            if missing and known:
                 # A topic that exists again is a new topic: offsets of the old one would
-                # skip its records.
+                # skip its records (past its end: out of range, a false alarm of loss), so
+                # none is kept, nor taken back from the tracker when its partitions are
+                # dropped or the pass ends (``_forget``, ``take_all``).
                 log.warning(
                     "topic %r is missing: this worker's offsets of it no longer apply", self.topic
                 )
                 self._mine.clear()
                 self._forced.clear()
                 self._reasons.clear()
+                self._resting.clear()
+                self.tracker.revoke(list(self.tracker.commit_points()))
             if missing and self.rollback is not None:
                 # Its records are gone with it: no other member trains them, nothing to undo.
                 log.info("topic %r is missing: no rollback for its lost partitions", self.topic)

@@ -125,6 +125,26 @@ def test_a_missing_topic_drops_the_checkpoint_offsets() -> None:
     assert not router.topic_missing
 
 
+@pytest.mark.parametrize("when", ["dropped", "pass end"])
+def test_a_deleted_topics_trained_offsets_are_not_taken_back_as_positions(when: str) -> None:
+    """The topic is deleted under a pass whose records were trained: its shards report it
+    missing, then drop its partitions (lost); the pass ends. None of the old topic's offsets
+    is a position for the topic created again (its offsets start at 0: they would be out of
+    range, reported as records lost upstream)."""
+    tracker = OffsetTracker()
+    router = ShardRouter("t", tracker, restore={0: 50})
+    router.on_assigned(0, [0, 1])
+    _trained(tracker, 0, [50, 51])
+    _trained(tracker, 1, [785])
+    router.on_topic_missing(0, True)
+    if when == "dropped":
+        router.on_lost(0, [0, 1])
+    router.take_all()
+    assert router.restore_offsets() == {} and tracker.commit_points() == {}
+    assert router.on_assigned(0, [0, 1]) == {}  # the new topic: where the group says
+    assert not router.topic_missing
+
+
 def test_a_lost_partition_trained_past_its_commit_asks_for_a_rollback() -> None:
     """A paused member: its partitions went to another member, which trains them from the
     group's commit; what this worker trained of them past it is undone, not kept."""
