@@ -99,6 +99,7 @@ class DistributedWorker(Lifecycle[ClusterStep]):
         #: --export-dir: every worker exports at the same rounds (the offsets all-reduced),
         #: the chief into the directory (``_export``).
         self.exports: Export | None = None
+        self.exporter: Exporter | None = None  # the chief's, into --export-dir
         self._batch_spec: dict[str, Any] | None = None  # the first batch's (``_features``)
 
     # ---- set-up -----------------------------------------------------------------------------
@@ -120,6 +121,8 @@ class DistributedWorker(Lifecycle[ClusterStep]):
         if topo.chief:  # as Keras' TensorBoard callback under MWMS: the chief writes
             self.reports.summaries = self.logdir_callbacks(parts)
         if cfg.export_dir:
+            if topo.chief:  # its directory made now: a bad one fails at start, not mid-run
+                self.exporter = Exporter(cfg.export_dir, keep=cfg.export_keep)
             self.exports = Export(cfg.export_every_steps, self._export, start_step=self.step)
             self.callbacks.append(self.exports)
         return parts
@@ -316,7 +319,8 @@ class DistributedWorker(Lifecycle[ClusterStep]):
             status.maybe(self.step, self.loss)
             wait = should_wait(ctrl, mine=batch.real, full=batch.real == batch.size)
             if decision.stop is not None:
-                if self.exports is not None:  # every worker at this round: the final model
+                # Every worker at this round (the export all-reduces): the final model too.
+                if self.exports is not None:
                     self.exports.final(self.step)
                 return decision.stop
 
@@ -403,8 +407,9 @@ class DistributedWorker(Lifecycle[ClusterStep]):
     def _export(self, step: int) -> bool:
         """Every worker at the same round: every partition's position all-reduced (each fills
         its own), the model exported by the chief into --export-dir and by the others into
-        a throwaway directory (as checkpoints: saving under MWMS is every worker's work);
-        whether it succeeded here."""
+        a throwaway directory (as checkpoints: saving under MWMS is every worker's work).
+        True: tried, whether or not it succeeded here (a failure is logged), so every
+        worker's ``Export`` takes the same decisions, and so the same all-reduces, after it."""
         parts, topo = self.built, self.topology
         own, count = frozenset(parts.partitions), max(parts.topic_partitions) + 1
         known = parts.position.current(parts.tracker.commit_points())
@@ -412,20 +417,21 @@ class DistributedWorker(Lifecycle[ClusterStep]):
         every = offsets_from_vector(parts.steps.sync(offsets_vector(mine, count)))
         offsets = {p: every.get(p) for p in parts.topic_partitions}
         self.health.beat("trainer")
-        export_dir = required(self.config.export_dir, "export directory", "--export-dir")
-        where = export_dir if topo.chief else tempfile.mkdtemp(prefix="streamer-export-")
+        throwaway = None if topo.chief else tempfile.mkdtemp(prefix="streamer-export-")
         try:
-            exporter = Exporter(where, keep=self.config.export_keep)
+            exporter = (
+                Exporter(throwaway)
+                if throwaway is not None
+                else required(self.exporter, "exporter", "built with --export-dir")
+            )
             model = parts.bundle.model
             spec = self._batch_spec  # None before any batch: Keras' own, from the model
             inputs = None if spec is None else serving_inputs(spec, parts.bundle.input_names)
-            path = publish(
-                exporter, model, step, offsets, self.config.topic, inputs, announce=topo.chief
-            )
-            return path is not None
+            publish(exporter, model, step, offsets, self.config.topic, inputs, announce=topo.chief)
+            return True
         finally:
-            if not topo.chief:
-                shutil.rmtree(where, ignore_errors=True)
+            if throwaway is not None:
+                shutil.rmtree(throwaway, ignore_errors=True)
 
     # ---- shutdown -----------------------------------------------------------------------------
 
