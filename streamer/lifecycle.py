@@ -75,7 +75,6 @@ class Lifecycle(Generic[StepT]):
         self.callbacks = CallbackList()
         #: The input was closed (shutdown): the source is not read nor watched again.
         self._input_closed = False
-        self._parts_closed = False
         #: When the probe last found no broker (an outage is not idleness).
         self._broker_down_at = -math.inf
         self.nonfinite = NonFiniteSteps(config.max_nonfinite_steps)
@@ -350,14 +349,9 @@ class Lifecycle(Generic[StepT]):
         self._close_input()
         if self.status is not None:
             self.status.end()  # idempotent: a terminal's live line ends with a newline
-        self._close_parts()
+        if self.parts is not None:
+            self.parts.close()  # the audit log, the probe, the metrics server
         self._close_more()
-
-    def _close_parts(self) -> None:
-        """The audit log, the probe and the metrics server (once)."""
-        if self.parts is not None and not self._parts_closed:
-            self._parts_closed = True
-            self.parts.close()
 
     def _close_input(self) -> None:
         source = self.source

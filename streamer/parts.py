@@ -136,6 +136,11 @@ class Parts(Generic[StepT]):
     topic_partitions: tuple[int, ...]  # every partition of the topic
     partitions: tuple[int, ...]  # this worker's, where it reads a fixed set (a cluster's)
 
+    def trained_positions(self) -> dict[int, int]:
+        """Where this model is in each partition it knows: the next offset after what it
+        trained (an export's offsets)."""
+        return self.position.current(self.tracker.commit_points())
+
     def close(self) -> None:
         """Close what the parts hold open besides the input (the loop's shutdown closes the
         source first, for its last commits): the audit log, the probe, the server."""

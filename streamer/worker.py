@@ -523,7 +523,7 @@ class Worker(Lifecycle[Trainer]):
         exporter = required(self.exporter, "exporter", "built with --export-dir")
         parts = self.built
         # Every partition of the topic: its position, or None where this model has none.
-        known = parts.position.current(parts.tracker.commit_points())
+        known = parts.trained_positions()
         offsets = {p: known.get(p) for p in sorted({*parts.topic_partitions, *known})}
         inputs = serving_inputs(parts.dataset.element_spec, parts.bundle.input_names)
         try:

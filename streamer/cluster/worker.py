@@ -412,7 +412,7 @@ class DistributedWorker(Lifecycle[ClusterStep]):
         worker's ``Export`` takes the same decisions, and so the same all-reduces, after it."""
         parts, topo = self.built, self.topology
         own, count = frozenset(parts.partitions), max(parts.topic_partitions) + 1
-        known = parts.position.current(parts.tracker.commit_points())
+        known = parts.trained_positions()
         mine = {p: o for p, o in known.items() if p in own}
         every = offsets_from_vector(parts.steps.sync(offsets_vector(mine, count)))
         offsets = {p: every.get(p) for p in parts.topic_partitions}

@@ -407,8 +407,7 @@ class ShardRouter(ShardHooks):
     def on_topic_missing(self, shard_index: int, missing: bool) -> None:
         with self._lock:
             self.topic_missing = missing
-            known = self._mine or self._forced or self.tracker.commit_points()
-            if missing and known:
+            if missing and (self._mine or self._forced or self.tracker.commit_points()):
                 # A topic that exists again is a new topic: offsets of the old one would
                 # skip its records (past its end: out of range, a false alarm of loss), so
                 # none is kept, nor taken back from the tracker when its partitions are
