@@ -16,9 +16,10 @@ import logging
 import multiprocessing
 import pickle
 import signal
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -478,6 +479,36 @@ def _picklable(exc: BaseException) -> BaseException:
 # ---- the parent -------------------------------------------------------------------------------
 
 
+_MAIN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _main_module_hidden() -> Iterator[None]:
+    """Start a spawned child without the parent's main module: the child's work is all in
+    this module, and ``multiprocessing`` would otherwise run the main script again in it (as
+    ``__mp_main__``). A training script of a user of ``streamer.Stream`` without the
+    ``if __name__ == "__main__"`` guard would then build a Stream in every shard's child (and
+    the child fail). The spawn reads ``__main__.__spec__`` and ``__file__`` as ``start()``
+    prepares the child, and only then; shards start on several threads, hence the lock."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    with _MAIN_LOCK:
+        missing = object()
+        saved = {k: main.__dict__.get(k, missing) for k in ("__spec__", "__file__")}
+        main.__dict__["__spec__"] = None
+        main.__dict__.pop("__file__", None)
+        try:
+            yield
+        finally:
+            for k, v in saved.items():
+                if v is missing:
+                    main.__dict__.pop(k, None)
+                else:
+                    main.__dict__[k] = v
+
+
 class ProcessShard:
     """A ``ShardLike`` whose consumer runs in a child process.
 
@@ -565,7 +596,8 @@ class ProcessShard:
         # Ctrl-C to the process group never reaches it before it ignores such signals itself.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _PARENT_SIGNALS)
         try:
-            self._proc.start()
+            with _main_module_hidden():
+                self._proc.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             self._ring.after_start()  # the child has its own copies of the ring's descriptors

@@ -22,7 +22,7 @@ from typing import IO, TYPE_CHECKING, Generic
 import numpy as np
 
 from consumers.errors import StreamerError
-from streamer.committer import CommitSchedule, Committer
+from streamer.committer import Committer
 from streamer.config import WorkerConfig
 from streamer.ops.gctune import release_free_memory, tune_gc
 from streamer.ops.health import Health
@@ -30,7 +30,7 @@ from streamer.ops.metrics import Metrics
 from streamer.ops.signals import SignalWatch, StopOnSignal
 from streamer.ops.status import StatusLine
 from streamer.ops.tboard import ProfileWindow, TrainingSummaries
-from streamer.parts import MissingPartError, Parts, Plan, StepT, build_parts
+from streamer.parts import MissingPartError, Parts, Plan, StepT, build_parts, new_committer
 from streamer.stopping import StopReason
 from streamer.train.callbacks import CallbackList, LeaseCheck, Profiler, TensorBoard
 from streamer.train.errors import ModelDivergedError
@@ -100,23 +100,8 @@ class Lifecycle(Generic[StepT]):
         self.parts = parts
         cfg = self.config = parts.config
         self.step = parts.step
-        self._committer = Committer(
-            parts.source,
-            parts.tracker,
-            parts.position,
-            parts.metrics,
-            commits=CommitSchedule(
-                cfg.commit_every_steps, cfg.commit_every_seconds, step=self.step
-            ),
-            checkpoints=None
-            if parts.checkpointer is None
-            else CommitSchedule(
-                cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, step=self.step
-            ),
-            save=None if parts.checkpointer is None else self._save,
-            audit=parts.audit,
-            to_group=cfg.commits,  # a replay without --replay-group commits to no group
-        )
+        save = None if parts.checkpointer is None else self._save
+        self._committer = new_committer(cfg, parts.input, parts.metrics, step=self.step, save=save)
         self.status = StatusLine(
             self.status_out, cfg.status_interval, parts.metrics, lag=self.status_lag()
         )

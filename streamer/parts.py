@@ -32,6 +32,7 @@ import numpy as np
 from consumers import ShardHooks, ShardLike
 from consumers.errors import StreamerError
 from consumers.settings import ConsumerSettings
+from streamer.committer import CommitSchedule, Committer, Save
 from streamer.config import WorkerConfig
 from streamer.config.replay import write_marker
 from streamer.input.offsets import OffsetTracker
@@ -59,10 +60,14 @@ __all__ = [
     "Parts",
     "Plan",
     "Restored",
+    "StreamInput",
     "Topic",
+    "build_input",
     "build_parts",
     "choose_decoder",
     "dead_letter_writer",
+    "find_topic",
+    "new_committer",
     "new_metrics",
     "required",
     "serve_metrics",
@@ -135,6 +140,19 @@ class Parts(Generic[StepT]):
     probe: BrokerProbe | None  # whether a broker answers (readiness); None on the simulator
     topic_partitions: tuple[int, ...]  # every partition of the topic
     partitions: tuple[int, ...]  # this worker's, where it reads a fixed set (a cluster's)
+
+    @property
+    def input(self) -> StreamInput:
+        """The input side of these parts (what ``new_committer`` takes)."""
+        return StreamInput(
+            start=self.start,
+            position=self.position,
+            tracker=self.tracker,
+            source=self.source,
+            dataset=self.dataset,
+            audit=self.audit,
+            probe=self.probe,
+        )
 
     def trained_positions(self) -> dict[int, int]:
         """Where this model is in each partition it knows: the next offset after what it
@@ -359,6 +377,125 @@ def _simulated_shards(
     return make
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StreamInput:
+    """The input side of a run (``build_input``): where the stream starts, its position, the
+    offset tracker, the source and its dataset, the audit log and the broker probe. The
+    worker's ``Parts`` hold it; the public API (``streamer.Stream``) is built on it alone,
+    before the user's model exists."""
+
+    start: StreamStart
+    position: StreamPosition
+    tracker: OffsetTracker
+    source: StreamSource
+    dataset: tf.data.Dataset
+    audit: AuditLog | None
+    probe: BrokerProbe | None
+
+
+def find_topic(
+    config: WorkerConfig, plan: Plan[Any], *, health: Health, stop: threading.Event
+) -> tuple[WorkerConfig, Topic]:
+    """The topic, waited for (``--broker-wait-seconds``; ``stop`` ends the wait), and this
+    worker's partitions of it; the configuration as resolved (a replay reads every partition
+    unless told which). The simulator's partitions without a broker."""
+    cfg = config
+    if cfg.bootstrap is None:
+        every = tuple(range(cfg.sim_partitions))
+        return cfg, Topic(every, every, None)
+    from consumers.admin import wait_for_topic
+
+    ids: dict[str, str] = {}
+    everything = wait_for_topic(
+        cfg.consumer_settings(),
+        health=health,
+        stop=stop,
+        topic_ids=ids,
+        broker_wait_seconds=cfg.broker_wait_seconds,
+    )
+    if cfg.replay is not None and not cfg.partitions:  # a replay reads them all
+        cfg = dataclasses.replace(cfg, partitions=tuple(everything))
+    chosen = sorted(set(everything) & set(cfg.partitions or everything))
+    return cfg, Topic(tuple(everything), tuple(plan.partitions(cfg, chosen)), ids.get(cfg.topic))
+
+
+def build_input(
+    cfg: WorkerConfig,
+    plan: Plan[Any],
+    schema: Schema,
+    topic: Topic,
+    offsets: dict[int, int],
+    *,
+    metrics: Metrics,
+    health: Health,
+    opened: contextlib.ExitStack,
+) -> StreamInput:
+    """The input of a run that starts at ``offsets`` (a checkpoint's; ``--start-from`` wins):
+    the dead-letter writer, the start and position, the tracker, the source and its dataset
+    (``plan.dataset``), the audit log, the broker probe. What it opens is closed by
+    ``opened`` should a later step fail."""
+    tracker = OffsetTracker()
+    local = plan.source_config(cfg, list(topic.mine))
+    consumer: ConsumerSettings | None = None
+    dead_letter = None
+    if cfg.bootstrap is not None:
+        consumer = local.consumer_settings()
+        dead_letter = dead_letter_writer(local, consumer, len(topic.everything), tracker, metrics)
+    start = plan.start(cfg, consumer, Restored(None, 0, offsets))
+    position = StreamPosition(start.offsets)
+    source = StreamSource(
+        schema,
+        plan.pipeline(local),
+        consumer=consumer,
+        shard_factory=_simulated_shards(cfg, schema, position) if consumer is None else None,
+        tracker=tracker,
+        metrics=metrics,
+        health=health,
+        dead_letter=dead_letter,
+        start=start,
+        topic=cfg.topic,
+    )
+    opened.callback(source.close)
+    dataset = plan.dataset(source)
+    audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
+    if audit is not None:
+        opened.callback(audit.close)
+    probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
+    if probe is not None:
+        opened.callback(probe.close)
+    return StreamInput(
+        start=start,
+        position=position,
+        tracker=tracker,
+        source=source,
+        dataset=dataset,
+        audit=audit,
+        probe=probe,
+    )
+
+
+def new_committer(
+    cfg: WorkerConfig, inp: StreamInput, metrics: Metrics, *, step: int, save: Save | None
+) -> Committer:
+    """The commit sequence of a run at ``step``: commits every --commit-every-steps /
+    --commit-every-seconds, or, with ``save`` (a checkpoint directory), checkpoints every
+    --checkpoint-every-steps / --checkpoint-every-seconds, each followed by the commit of
+    the same offsets. The same for the worker, a cluster's worker and ``streamer.Stream``."""
+    return Committer(
+        inp.source,
+        inp.tracker,
+        inp.position,
+        metrics,
+        commits=CommitSchedule(cfg.commit_every_steps, cfg.commit_every_seconds, step=step),
+        checkpoints=None
+        if save is None
+        else CommitSchedule(cfg.checkpoint_every_steps, cfg.checkpoint_every_seconds, step=step),
+        save=save,
+        audit=inp.audit,
+        to_group=cfg.commits,  # a replay without --replay-group commits to no group
+    )
+
+
 def build_parts(
     config: WorkerConfig,
     plan: Plan[StepT],
@@ -399,56 +536,18 @@ def build_parts(
             bundle = load_model(cfg.model, loaded, cfg.learning_rate)
         steps = plan.steps(cfg, strategy, bundle)
 
-        consumer: ConsumerSettings | None = None
-        if cfg.bootstrap is not None:
-            from consumers.admin import wait_for_topic
-
-            ids: dict[str, str] = {}
-            everything = wait_for_topic(
-                cfg.consumer_settings(),
-                health=health,
-                stop=stop,
-                topic_ids=ids,
-                broker_wait_seconds=cfg.broker_wait_seconds,
-            )
-            if cfg.replay is not None and not cfg.partitions:  # a replay reads them all
-                cfg = dataclasses.replace(cfg, partitions=tuple(everything))
-            chosen = sorted(set(everything) & set(cfg.partitions or everything))
-            topic = Topic(
-                tuple(everything), tuple(plan.partitions(cfg, chosen)), ids.get(cfg.topic)
-            )
-        else:
-            every = tuple(range(cfg.sim_partitions))
-            topic = Topic(every, every, None)
+        cfg, topic = find_topic(cfg, plan, health=health, stop=stop)
         restored = plan.restore(cfg, bundle, steps, topic)
-        tracker = OffsetTracker()
-        local = plan.source_config(cfg, list(topic.mine))
-        dead_letter = None
-        if cfg.bootstrap is not None:
-            consumer = local.consumer_settings()
-            dead_letter = dead_letter_writer(
-                local, consumer, len(topic.everything), tracker, metrics
-            )
-        start = plan.start(cfg, consumer, restored)
-        position = StreamPosition(start.offsets)
-        source = StreamSource(
+        inp = build_input(
+            cfg,
+            plan,
             loaded,
-            plan.pipeline(local),
-            consumer=consumer,
-            shard_factory=_simulated_shards(cfg, loaded, position) if consumer is None else None,
-            tracker=tracker,
+            topic,
+            restored.offsets,
             metrics=metrics,
             health=health,
-            dead_letter=dead_letter,
-            start=start,
-            topic=cfg.topic,
+            opened=opened,
         )
-        opened.callback(source.close)
-        dataset = plan.dataset(source)
-        audit = AuditLog(cfg.audit_log, cfg.topic) if cfg.audit_log else None
-        if audit is not None:
-            opened.callback(audit.close)
-        probe = BrokerProbe(cfg.bootstrap).start() if cfg.bootstrap else None
         parts = Parts(
             config=cfg,
             metrics=metrics,
@@ -461,13 +560,13 @@ def build_parts(
             step=restored.step,
             checkpointer=restored.checkpointer,
             lease=lease,
-            start=start,
-            position=position,
-            tracker=tracker,
-            source=source,
-            dataset=dataset,
-            audit=audit,
-            probe=probe,
+            start=inp.start,
+            position=inp.position,
+            tracker=inp.tracker,
+            source=inp.source,
+            dataset=inp.dataset,
+            audit=inp.audit,
+            probe=inp.probe,
             topic_partitions=topic.everything,
             partitions=topic.mine,
         )

@@ -82,7 +82,7 @@ def _convert(opt: Option, value: Any, source: str, *, typed: bool = False) -> An
     return out
 
 
-def _unknown(name: str, known: Sequence[str], where: str) -> ConfigError:
+def unknown_name(name: str, known: Sequence[str], where: str) -> ConfigError:
     """An unknown key or variable: its name and the closest known ones, never its value (it
     may be a secret put under a wrong name)."""
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
@@ -125,13 +125,13 @@ def load_config(
         for key, value in data.items():
             opt = _BY_NAME.get(key)
             if opt is None:
-                raise _unknown(key, sorted(_BY_NAME), f"key in {config_path}")
+                raise unknown_name(key, sorted(_BY_NAME), f"key in {config_path}")
             values[key] = _convert(opt, value, config_path, typed=True)
             came[key] = str(config_path)
     known_env = {o.env for o in OPTIONS} | set(SECRET_ENV) | {"STREAMER_CONFIG"}
     for key in env:
         if key.startswith(ENV_PREFIX) and key not in known_env:
-            raise _unknown(key, sorted(known_env), "STREAMER_ variable")
+            raise unknown_name(key, sorted(known_env), "STREAMER_ variable")
     for opt in OPTIONS:
         if opt.env in env:
             values[opt.name] = _convert(opt, env[opt.env], opt.env)

@@ -326,7 +326,8 @@ class StreamSource:
             if self._opened_in_pass >= n:
                 self._begin_pass_locked()
             self._opened_in_pass += 1
-        if self._stop.is_set():
+            stop = self._stop  # this pass's: a resume() after it gives later passes their own
+        if stop.is_set():
             return  # a pass stopped before its shards opened: open none (a consumer that
             # joins a group only to leave it costs the group two rebalances)
         rules = self.rules
@@ -338,7 +339,7 @@ class StreamSource:
             shard.start()
             idle_since = time.monotonic()
             timeout = self.settings.get_timeout_seconds
-            while not self._stop.is_set() and rules.budget_left() and not rules.out_of_time():
+            while not stop.is_set() and rules.budget_left() and not rules.out_of_time():
                 block = shard.get(timeout, claim=self._claim)
                 done = rules.bounded and not shard.joining and shard.assigned <= rules.reached()
                 if block is None and done:
@@ -540,7 +541,12 @@ class StreamSource:
         self._stop.set()
 
     def resume(self) -> None:
-        self._stop.clear()
+        """Generators that start from now on run (until ``stop()``); those of a stopped pass
+        stay stopped (an iterator abandoned by its owner, still held by tf.data, never reads
+        again: a Keras ``fit`` may leave one behind)."""
+        with self._lock:
+            if self._stop.is_set():
+                self._stop = threading.Event()
 
     @property
     def open_shards(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 
@@ -11,9 +12,47 @@ import tensorflow as tf
 from streamer.train.model import ModelBundle
 from streamer.train.trainer import check_finite_weights
 
-__all__ = ["Checkpointer"]
+__all__ = ["CheckpointPosition", "Checkpointer", "read_position"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointPosition:
+    """What the newest checkpoint of a directory says of the stream, read without the model
+    (``read_position``): its path and step, and its offsets for ``topic`` (none when it was
+    written for another topic, or an earlier topic of the same name)."""
+
+    path: str
+    step: int
+    offsets: dict[int, int]
+    topic: str
+    topic_id: str
+
+
+def read_position(
+    directory: str, topic: str, topic_id: str | None = None
+) -> CheckpointPosition | None:
+    """The newest checkpoint in ``directory`` (None without one): its step and its offsets
+    for ``topic`` (whose id is ``topic_id`` now, where known). The model is not needed, so
+    the stream can start where the checkpoint says before the model exists; the model and
+    optimizer are restored from the same path later (``Checkpointer.restore_path``)."""
+    path = tf.train.latest_checkpoint(directory)
+    if path is None:
+        return None
+    reader = tf.train.load_checkpoint(path)
+
+    def value(name: str) -> np.ndarray:
+        return np.asarray(reader.get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"))
+
+    saved, _, saved_id = bytes(value("topic")).decode().partition("\n")
+    offsets = {
+        int(p): int(o)
+        for p, o in zip(value("offset_partitions"), value("offset_values"), strict=True)
+    }
+    if saved != topic or (topic_id and saved_id and saved_id != topic_id):
+        offsets = {}  # another topic's (the model still applies; Checkpointer warns)
+    return CheckpointPosition(path, int(value("step")), offsets, saved, saved_id)
 
 
 class Checkpointer:
