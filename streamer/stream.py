@@ -200,6 +200,13 @@ class Stream:
             settings["schema"] = os.fspath(schema)
         for name in settings:
             if name != "config" and name not in _OPTION_NAMES:
+                if any(w in name.lower() for w in ("pas", "pwd", "secret")):  # never its value
+                    raise ConfigError(
+                        name,
+                        "(set)",
+                        "unknown setting of streamer.Stream; passwords are sasl_password= and "
+                        "ssl_password= (or STREAMER_SASL_PASSWORD / STREAMER_SSL_PASSWORD)",
+                    )
                 raise unknown_name(name, sorted(_OPTION_NAMES), "setting of streamer.Stream")
         sources: dict[str, str] = {}
         config = load_config(settings, env, sources=sources)
