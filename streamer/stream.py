@@ -119,17 +119,44 @@ class Batch:
 class _Ledger:
     """The records of each batch, in the order the trainer takes the batches: the dataset's
     last stage appends (``push``, on a tf.data thread), the callback takes the oldest ones
-    as Keras reports them trained (``take``). Thread-safe."""
+    as Keras reports them trained (``take``). Only while a pass trains (``open``): batches
+    taken before (Keras' symbolic build) or without the callback are not noted, so nothing
+    piles up. Thread-safe.
+
+    >>> ledger = _Ledger(); ledger.open()
+    >>> for first in (0, 2, 4):
+    ...     _ = ledger.push(np.zeros(2, np.int32), np.arange(first, first + 2), np.zeros(2))
+    >>> [b[1].tolist() for b in ledger.take(2)], len(ledger)
+    ([[0, 1], [2, 3]], 1)
+    >>> ledger.close(); _ = ledger.push(np.zeros(1), np.zeros(1), np.zeros(1)); len(ledger)
+    0
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._open = False
         self._batches: collections.deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = (
             collections.deque()
         )
 
+    def open(self) -> None:
+        """A pass trains: note every batch from now on (none before)."""
+        with self._lock:
+            self._batches.clear()
+            self._open = True
+
+    def close(self) -> int:
+        """The pass ended: note nothing more; how many batches noted were not trained."""
+        with self._lock:
+            n = len(self._batches)
+            self._batches.clear()
+            self._open = False
+        return n
+
     def push(self, partition: np.ndarray, offset: np.ndarray, timestamp: np.ndarray) -> np.int64:
         with self._lock:
-            self._batches.append((partition, offset, timestamp))
+            if self._open:
+                self._batches.append((partition, offset, timestamp))
         return np.int64(len(offset))
 
     def take(self, n: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -146,13 +173,6 @@ class _Ledger:
                 k,
             )
         return out
-
-    def clear(self) -> int:
-        """Forget every batch noted (an iterator abandoned before training began); how many."""
-        with self._lock:
-            n = len(self._batches)
-            self._batches.clear()
-        return n
 
     def __len__(self) -> int:
         with self._lock:
@@ -321,6 +341,12 @@ class Stream:
     def source(self) -> Any:
         """The input (``streamer.input.source.StreamSource``): internal, for tests and tools."""
         return self._input.source
+
+    def position(self) -> dict[int, int]:
+        """Where the model is in each partition it knows: the next offset after what it
+        trained (what a checkpoint written now would hold)."""
+        inp = self._input
+        return inp.position.current(inp.tracker.commit_points())
 
     @property
     def metrics_port(self) -> int | None:
@@ -504,9 +530,7 @@ class Stream:
             source.stop()
             source.end_pass()
             log.debug("closed the shards of an iterator abandoned before training")
-        dropped = self._ledger.clear()
-        if dropped:
-            log.debug("%d batches taken before training began are read again", dropped)
+        self._ledger.open()
         source.resume()
         source.begin_pass()
         self._training = True
@@ -546,6 +570,9 @@ class Stream:
         if not self._training:
             return
         self._training = False
+        left = self._ledger.close()
+        if left:
+            log.debug("%d batches taken and not trained: read again by the next pass", left)
         source = self._input.source
         source.training_over()
         committer = self.committer

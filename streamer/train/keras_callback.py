@@ -30,7 +30,7 @@ def _loss(logs: dict[str, Any] | None) -> float | None:
         return math.nan
 
 
-class StreamCallback(keras.callbacks.Callback):  # type: ignore[misc]
+class StreamCallback(keras.callbacks.Callback):
     """Restores on train begin, acknowledges what Keras trained, checkpoints and commits on
     the stream's schedule and at train end (see ``Stream.callback``). Runs in Keras' own
     thread, never asynchronously: the batches' order is the point."""

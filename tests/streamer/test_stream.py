@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,7 +22,7 @@ import streamer
 from consumers.errors import ConfigError
 from streamer.input.simulator import SimulatorTask
 from streamer.train.model import default_model
-from tests.workerutil import committed_offsets, read_audit
+from tests.workerutil import committed_offsets, free_port, read_audit
 
 BATCH = 32
 
@@ -39,9 +38,7 @@ def produce(bootstrap: str, topic: str, counts: dict[int, int], *, binary: bool 
         for p, n in counts.items():
             if binary:
                 x = rng.normal(size=(n, 16)).astype(np.float32)
-                values = [
-                    msgpack.packb({"x": row.tolist(), "y": float(row[0] > 0)}) for row in x
-                ]
+                values = [msgpack.packb({"x": row.tolist(), "y": float(row[0] > 0)}) for row in x]
             else:
                 values = SimulatorTask().records(n, rng)
             for value in values:
@@ -51,11 +48,27 @@ def produce(bootstrap: str, topic: str, counts: dict[int, int], *, binary: bool 
         producer.close(timeout=30)
 
 
+def scrape(port: int) -> dict[str, float]:
+    """Each family's total on the worker's /metrics (Prometheus' own parser)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    totals: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            totals[sample.name] = totals.get(sample.name, 0.0) + sample.value
+    return totals
+
+
 def committed_total(bootstrap: str, group: str, topic: str) -> int:
     return sum(o or 0 for o in committed_offsets(bootstrap, group, topic).values())
 
 
-def exactly_once_prefix(audit: Counter[tuple[int, int]], bootstrap: str, group: str, topic: str) -> None:
+def exactly_once_prefix(
+    audit: Counter[tuple[int, int]], bootstrap: str, group: str, topic: str
+) -> None:
     """Every record trained once, and the group's commit is exactly the trained prefix of
     each partition (nothing read and not trained is committed)."""
     assert audit and max(audit.values()) == 1, "a record was trained twice"
@@ -86,12 +99,36 @@ def test_fit_commits_what_keras_trained_and_the_next_fit_and_stream_go_on(
         audit_log=str(audit),
         commit_every_steps=5,
     )
-    with streamer.Stream(**settings) as stream:
+    port = free_port()
+    scraped: list[dict[str, float]] = []
+
+    class Scrape(keras.callbacks.Callback):  # after ours: the epoch's records acknowledged
+        def on_epoch_end(self, epoch: int, logs: object = None) -> None:
+            # The shards' polls reach the lag a poll report later (a child's every 0.25 s).
+            deadline = time.monotonic() + 15
+            while True:
+                scraped.append(scrape(port))
+                lag = scraped[-1]["streamer_consumer_lag_records"]
+                if lag == 2000 - (epoch + 1) * 10 * BATCH or time.monotonic() > deadline:
+                    return
+                time.sleep(0.2)
+
+    with streamer.Stream(**settings, metrics_port=port) as stream:
         model = default_model(stream.schema)
         model.fit(
-            stream.dataset(), steps_per_epoch=10, epochs=2, callbacks=[stream.callback()], verbose=0
+            stream.dataset(),
+            steps_per_epoch=10,
+            epochs=2,
+            callbacks=[stream.callback(), Scrape()],
+            verbose=0,
         )
         assert stream.step == 20
+        # The worker's metrics, on the port asked for: what was trained, what waits, how fresh.
+        assert stream.metrics_port == port
+        last = scraped[-1]
+        assert last["streamer_samples_trained_total"] == 20 * BATCH
+        assert last["streamer_consumer_lag_records"] == 2000 - 20 * BATCH
+        assert last["streamer_partition_last_trained_timestamp_seconds"] > 0
         emitted = stream.source.records_emitted
         assert emitted > 20 * BATCH, "the test needs records read ahead of training"
         assert committed_total(kafka_bootstrap, group_id, topic4) == 20 * BATCH
@@ -183,7 +220,9 @@ def test_a_custom_loop_commits_what_it_gave_back(
         checkpoint_dir=str(tmp_path / "ckpt"),
     ) as stream:
         model = default_model(stream.schema)
-        model.fit(stream.dataset(model), steps_per_epoch=3, callbacks=[stream.callback()], verbose=0)
+        model.fit(
+            stream.dataset(model), steps_per_epoch=3, callbacks=[stream.callback()], verbose=0
+        )
         assert stream.step == 10
     counts = read_audit(audit, topic4)
     assert sum(counts.values()) == 10 * BATCH
@@ -271,7 +310,6 @@ with streamer.Stream(bootstrap=bootstrap, topic=topic, group=group, batch_size=3
 def test_a_jax_backend_model_fits_from_the_stream_with_exact_commits(
     kafka_bootstrap: str, topic4: str, group_id: str, tmp_path: Path
 ) -> None:
-    pytest.importorskip("jax", reason="the [dev] extra installs jax (CPU)")
     script = tmp_path / "fit_jax.py"
     script.write_text(JAX_SCRIPT)
     audit = tmp_path / "audit.log"
@@ -296,9 +334,9 @@ def test_a_jax_backend_model_fits_from_the_stream_with_exact_commits(
 
 
 def test_settings_are_the_worker_options_by_name_and_bad_ones_are_named() -> None:
-    with pytest.raises(ConfigError, match="batch_sise.*did you mean batch_size"):
+    with pytest.raises(ConfigError, match=r"batch_sise.*did you mean batch_size"):
         streamer.Stream(batch_sise=3)
-    with pytest.raises(ConfigError, match="steps_per_execution.*model.compile"):
+    with pytest.raises(ConfigError, match=r"steps_per_execution.*model\.compile"):
         streamer.Stream(steps_per_execution=4)
     with pytest.raises(ConfigError, match="max_steps"):
         streamer.Stream(env={"STREAMER_MAX_STEPS": "5"})
