@@ -74,11 +74,22 @@ LOOP_OPTIONS: dict[str, str] = {
     "pass_records": "model.fit(steps_per_epoch=...): a fit is one pass",
     "pass_seconds": "model.fit(steps_per_epoch=...): a fit is one pass",
     "eval_topic": "model.fit(validation_data=...) with a dataset of your own",
+    "eval_every_steps": "model.fit(validation_freq=...)",
+    "eval_every_seconds": "model.fit(validation_freq=...)",
+    "eval_records": "model.fit(validation_steps=...)",
     "logdir": "keras.callbacks.TensorBoard(...)",
     "profile_steps": "keras.callbacks.TensorBoard(profile_batch=...)",
     "export_dir": "model.export(...) in a callback of your own",
+    "export_every_steps": "model.export(...) in a callback of your own",
+    "export_keep": "model.export(...) in a callback of your own",
+    "status_interval": "Keras' progress bar: model.fit(verbose=...)",
+    "shutdown_timeout": "your script's own signal handling (a Stream installs none)",
+    "log_level": 'logging.getLogger("streamer").setLevel(...) (a library configures no logging)',
+    "log_format": "logging.basicConfig(...) (a library configures no logging)",
     "cluster_workers": "one Stream per process; several workers: streamer launch",
     "worker_index": "one Stream per process; several workers: streamer launch",
+    "pad_after_seconds": "one Stream per process; several workers: streamer launch",
+    "peer_stop_exit_code": "one Stream per process; several workers: streamer launch",
 }
 
 #: Secrets are never flags; a Stream takes them as keywords (or the worker's variables).
@@ -337,11 +348,6 @@ class Stream:
             else "",
         )
 
-    @property
-    def source(self) -> Any:
-        """The input (``streamer.input.source.StreamSource``): internal, for tests and tools."""
-        return self._input.source
-
     def position(self) -> dict[int, int]:
         """Where the model is in each partition it knows: the next offset after what it
         trained (what a checkpoint written now would hold)."""
@@ -443,7 +449,7 @@ class Stream:
             self._bind(model)
         inputs = self._columns(model)
         source = self._input.source
-        self.begin()
+        self._begin()
         iterator = iter(self._input.dataset)
         try:
             while True:
@@ -459,7 +465,7 @@ class Stream:
             box = [iterator]
             del iterator
             end_iterator(box, source.stop)
-            self.end()
+            self._end()
 
     def trained(self, batch: Batch, *, loss: float | None = None) -> None:
         """``batch`` was trained: its records are done (committed with the next commit or
@@ -521,7 +527,7 @@ class Stream:
             step, _ = checkpointer.restore_path(self._position.path)
             self.step = step
 
-    def begin(self) -> None:
+    def _begin(self) -> None:
         """A pass begins (a fit's train begin, a loop's first batch): shards of an iterator
         abandoned before it (Keras' symbolic build takes one batch from an iterator of its
         own) leave the group, their records are read again, and training is on."""
@@ -563,7 +569,7 @@ class Stream:
         self.step += len(batches)
         self.committer.after_step(self.step)
 
-    def end(self) -> None:
+    def _end(self) -> None:
         """The pass ends (train end, the loop's end): the final checkpoint (if the model
         moved) or commit of what was trained, then the shards leave the group (their commits
         sent first); the stream is ready for the next pass."""
@@ -622,7 +628,7 @@ class Stream:
         self._closed = True
         inp = self._input
         try:
-            self.end()
+            self._end()
         finally:
             inp.source.stop()
             inp.source.close()

@@ -42,7 +42,7 @@ class StreamCallback(keras.callbacks.Callback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.stream._bind(self.model)  # ``self.model`` syncs a JAX model's state first
-        self.stream.begin()
+        self.stream._begin()
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._begin_step = batch
@@ -54,4 +54,4 @@ class StreamCallback(keras.callbacks.Callback):
         stream._trained(stream._ledger.take(steps), loss=_loss(logs))
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
-        self.stream.end()
+        self.stream._end()

@@ -129,7 +129,7 @@ def test_fit_commits_what_keras_trained_and_the_next_fit_and_stream_go_on(
         assert last["streamer_samples_trained_total"] == 20 * BATCH
         assert last["streamer_consumer_lag_records"] == 2000 - 20 * BATCH
         assert last["streamer_partition_last_trained_timestamp_seconds"] > 0
-        emitted = stream.source.records_emitted
+        emitted = stream._input.source.records_emitted
         assert emitted > 20 * BATCH, "the test needs records read ahead of training"
         assert committed_total(kafka_bootstrap, group_id, topic4) == 20 * BATCH
         exactly_once_prefix(read_audit(audit, topic4), kafka_bootstrap, group_id, topic4)
@@ -366,3 +366,32 @@ def test_a_schema_object_and_the_simulator_with_sample_weight(tmp_path: Path) ->
     with pytest.raises(ConfigError, match="passwords are sasl_password=") as info:
         streamer.Stream(sasl_pasword="hunter2")
     assert "hunter2" not in str(info.value)
+
+
+def test_the_example_script_fits_from_kafka_and_goes_on_from_its_checkpoint(
+    kafka_bootstrap: str, topic4: str, group_id: str, tmp_path: Path
+) -> None:
+    root = Path(__file__).resolve().parents[2]
+    args = [
+        sys.executable,
+        str(root / "examples" / "fit_from_kafka.py"),
+        "--bootstrap",
+        kafka_bootstrap,
+        "--topic",
+        topic4,
+        "--group",
+        group_id,
+        "--checkpoint-dir",
+        str(tmp_path / "ckpt"),
+        "--batch-size",
+        str(BATCH),
+        "--steps-per-epoch",
+        "5",
+        "--epochs",
+        "2",
+    ]
+    for run, steps in ((1, 10), (2, 20)):
+        out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=240)
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert f"trained {steps} steps" in out.stdout, (run, out.stdout)
+        assert committed_total(kafka_bootstrap, group_id, topic4) == steps * BATCH
