@@ -32,7 +32,7 @@ def _doc(obj: Any) -> str:
 
 def _members(cls: type) -> list[tuple[str, Any]]:
     """Public methods, class methods and properties that ``cls`` itself defines, in order."""
-    out = []
+    out: list[tuple[str, Any]] = []
     for name, value in vars(cls).items():
         if name.startswith("_") and name not in ("__init__", "__enter__"):
             continue
