@@ -107,7 +107,8 @@ class Batch:
 
     ``x``: the input features by name; ``y``: the label (a dict by name for several);
     ``sample_weight``: the schema's weight column, or None; ``partition``, ``offset``,
-    ``timestamp``: one entry per row (numpy)."""
+    ``timestamp``: one entry per row (numpy); ``input_wait_seconds``: how long the loop waited
+    for it."""
 
     x: dict[str, Any]
     y: Any
@@ -115,6 +116,8 @@ class Batch:
     partition: np.ndarray
     offset: np.ndarray
     timestamp: np.ndarray
+    #: Seconds the loop waited for this batch (``streamer_input_wait_seconds``).
+    input_wait_seconds: float = 0.0
 
     def __len__(self) -> int:
         return len(self.offset)
@@ -127,6 +130,17 @@ class Batch:
         return self.x, self.y, self.sample_weight
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Noted:
+    """A batch as it left the dataset for the trainer: its records, and when (``perf_counter``
+    seconds: the end of the trainer's wait for it)."""
+
+    partition: np.ndarray
+    offset: np.ndarray
+    timestamp: np.ndarray
+    taken_at: float = 0.0
+
+
 class _Ledger:
     """The records of each batch, in the order the trainer takes the batches: the dataset's
     last stage appends (``push``, on a tf.data thread), the callback takes the oldest ones
@@ -137,7 +151,7 @@ class _Ledger:
     >>> ledger = _Ledger(); ledger.open()
     >>> for first in (0, 2, 4):
     ...     _ = ledger.push(np.zeros(2, np.int32), np.arange(first, first + 2), np.zeros(2))
-    >>> [b[1].tolist() for b in ledger.take(2)], len(ledger)
+    >>> [b.offset.tolist() for b in ledger.take(2)], len(ledger)
     ([[0, 1], [2, 3]], 1)
     >>> ledger.close(); _ = ledger.push(np.zeros(1), np.zeros(1), np.zeros(1)); len(ledger)
     0
@@ -146,9 +160,7 @@ class _Ledger:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open = False
-        self._batches: collections.deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = (
-            collections.deque()
-        )
+        self._batches: collections.deque[_Noted] = collections.deque()
 
     def open(self) -> None:
         """A pass trains: note every batch from now on (none before)."""
@@ -167,10 +179,10 @@ class _Ledger:
     def push(self, partition: np.ndarray, offset: np.ndarray, timestamp: np.ndarray) -> np.int64:
         with self._lock:
             if self._open:
-                self._batches.append((partition, offset, timestamp))
+                self._batches.append(_Noted(partition, offset, timestamp, time.perf_counter()))
         return np.int64(len(offset))
 
-    def take(self, n: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def take(self, n: int) -> list[_Noted]:
         """The ``n`` oldest batches (fewer if fewer were taken: a bug, logged)."""
         with self._lock:
             k = min(n, len(self._batches))
@@ -453,13 +465,16 @@ class Stream:
         iterator = iter(self._input.dataset)
         try:
             while True:
+                t0 = time.perf_counter()
                 raw = source.next_batch(iterator)
                 if raw is None:
                     return
-                meta = [raw.pop(k).numpy() for k in METADATA_COLUMNS]
+                partition, offset, timestamp = (raw.pop(k).numpy() for k in METADATA_COLUMNS)
                 parts = self._split(raw, inputs)
                 weight = parts[2] if len(parts) == 3 else None
-                yield Batch(parts[0], parts[1], weight, *meta)
+                waited = time.perf_counter() - t0
+                self._last = time.perf_counter()  # the step's time runs from here
+                yield Batch(parts[0], parts[1], weight, partition, offset, timestamp, waited)
         finally:
             source.training_over()
             box = [iterator]
@@ -469,8 +484,9 @@ class Stream:
 
     def trained(self, batch: Batch, *, loss: float | None = None) -> None:
         """``batch`` was trained: its records are done (committed with the next commit or
-        checkpoint, which may come now)."""
-        self._trained([(batch.partition, batch.offset, batch.timestamp)], loss=loss)
+        checkpoint, which may come now). ``loss``: the step's, for ``streamer_model_loss``."""
+        noted = _Noted(batch.partition, batch.offset, batch.timestamp)
+        self._trained([noted], loss=loss, wait=batch.input_wait_seconds)
 
     # ---- the pass (shared by the callback and the custom loop) ---------------------------------
 
@@ -531,6 +547,8 @@ class Stream:
         """A pass begins (a fit's train begin, a loop's first batch): shards of an iterator
         abandoned before it (Keras' symbolic build takes one batch from an iterator of its
         own) leave the group, their records are read again, and training is on."""
+        if self._training:  # the last fit ended without its train end (an exception)
+            self._end()
         source = self._input.source
         if source.open_shards:
             source.stop()
@@ -545,25 +563,39 @@ class Stream:
         self.health.set_ready(True, "training")
 
     def _trained(
-        self, batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]], *, loss: float | None
+        self,
+        batches: list[_Noted],
+        *,
+        loss: float | None,
+        began: float | None = None,
+        wait: float | None = None,
     ) -> None:
-        """These batches were trained (one step each): their records are done; the commit or
-        checkpoint schedule goes on."""
+        """These batches were trained (one step each) in a call that began at ``began``
+        (``perf_counter``; default: the end of the last one): their records are done; the
+        commit or checkpoint schedule goes on. ``wait``: the input wait of a single step, where
+        known (several steps of one call: not known, not observed)."""
         if not batches:
             return
         inp = self._input
         now = time.perf_counter()
-        seconds, self._last = now - self._last, now
-        partition = np.concatenate([b[0] for b in batches])
-        offset = np.concatenate([b[1] for b in batches])
-        timestamp = np.concatenate([b[2] for b in batches])
+        seconds = now - (self._last if began is None else began)
+        self._last = now
+        partition = np.concatenate([b.partition for b in batches])
+        offset = np.concatenate([b.offset for b in batches])
+        timestamp = np.concatenate([b.timestamp for b in batches])
         if inp.audit is not None:
             inp.audit.add(partition, offset)  # before the tracker: never behind a commit
         inp.tracker.ack(partition, offset)
         per = seconds / len(batches)
         reported = math.nan if loss is None else loss
-        for _, off, _ in batches:
-            self.metrics.observe_step(len(off), per, 0.0, reported)
+        if len(batches) > 1:
+            wait = None
+        elif wait is None and began is not None:
+            # Keras takes a step's batch as the step begins (TensorFlow) or before it (a
+            # look-ahead): the wait is from the step's start until the batch left the dataset.
+            wait = max(0.0, batches[0].taken_at - began)
+        for b in batches:
+            self.metrics.observe_step(len(b.offset), per, wait, reported)
         self.metrics.observe_trained(partition, offset, timestamp, time.time())
         self.health.beat("trainer")
         self.step += len(batches)

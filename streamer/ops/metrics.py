@@ -561,14 +561,20 @@ class Metrics:
                     self._series(gauge, p, state).set(stamp / 1000.0)
 
     def observe_step(
-        self, samples: int, step_seconds: float, input_wait_seconds: float, loss: float | None
+        self,
+        samples: int,
+        step_seconds: float,
+        input_wait_seconds: float | None,
+        loss: float | None,
     ) -> None:
-        """Count one finished train step of ``samples`` samples."""
+        """Count one finished train step of ``samples`` samples; its input wait where it was
+        measured (None: not known, not observed)."""
         self.train_steps.inc()
         if samples:
             self.samples_trained.labels(self.topic).inc(samples)
         self.train_step.observe(step_seconds)
-        self.input_wait.observe(input_wait_seconds)
+        if input_wait_seconds is not None:
+            self.input_wait.observe(input_wait_seconds)
         if loss is not None:
             self.model_loss.set(loss)
 

@@ -10,6 +10,7 @@ acknowledged, and the stream's commit or checkpoint schedule goes on. Anchor: Ke
 from __future__ import annotations
 
 import math
+import time
 from typing import TYPE_CHECKING, Any
 
 import keras
@@ -39,6 +40,7 @@ class StreamCallback(keras.callbacks.Callback):
         super().__init__()
         self.stream = stream
         self._begin_step = 0
+        self._began = time.perf_counter()
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.stream._bind(self.model)  # ``self.model`` syncs a JAX model's state first
@@ -46,12 +48,13 @@ class StreamCallback(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._begin_step = batch
+        self._began = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Keras numbers the steps of a call begin..end (steps_per_execution of them).
         steps = batch - self._begin_step + 1
         stream = self.stream
-        stream._trained(stream._ledger.take(steps), loss=_loss(logs))
+        stream._trained(stream._ledger.take(steps), loss=_loss(logs), began=self._began)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         self.stream._end()

@@ -129,6 +129,8 @@ def test_fit_commits_what_keras_trained_and_the_next_fit_and_stream_go_on(
         assert last["streamer_samples_trained_total"] == 20 * BATCH
         assert last["streamer_consumer_lag_records"] == 2000 - 20 * BATCH
         assert last["streamer_partition_last_trained_timestamp_seconds"] > 0
+        # Each step's wait for its batch, measured (one step a call: known).
+        assert last["streamer_input_wait_seconds_count"] == 20
         emitted = stream._input.source.records_emitted
         assert emitted > 20 * BATCH, "the test needs records read ahead of training"
         assert committed_total(kafka_bootstrap, group_id, topic4) == 20 * BATCH
@@ -185,6 +187,44 @@ def test_steps_per_execution_class_weight_and_keras_callbacks_beside_ours(
     exactly_once_prefix(counts, kafka_bootstrap, group_id, topic)
     latest = sorted((tmp_path / "ckpt").glob("ckpt-*.index"))
     assert latest, "no checkpoint written"
+
+
+def test_a_fit_that_raises_keeps_what_it_trained_and_the_next_fit_goes_on(
+    kafka_bootstrap: str, topic4: str, group_id: str, tmp_path: Path
+) -> None:
+    audit = tmp_path / "audit.log"
+
+    class Fails(keras.callbacks.Callback):  # a user's callback, after ours
+        def on_train_batch_end(self, batch: int, logs: object = None) -> None:
+            if batch == 6:
+                raise RuntimeError("a bug in the user's callback")
+
+    import tensorflow as tf
+
+    with streamer.Stream(
+        bootstrap=kafka_bootstrap,
+        topic=topic4,
+        group=group_id,
+        batch_size=BATCH,
+        audit_log=str(audit),
+    ) as stream:
+        # Built under a distribution strategy: Keras takes a batch from an iterator of its
+        # own before training (its symbolic build), which must not count.
+        with tf.distribute.MirroredStrategy().scope():
+            model = default_model(stream.schema)
+        with pytest.raises(RuntimeError, match="user's callback"):
+            model.fit(
+                stream.dataset(),
+                steps_per_epoch=50,
+                callbacks=[stream.callback(), Fails()],
+                verbose=0,
+            )
+        assert stream.step == 7
+        model.fit(stream.dataset(), steps_per_epoch=5, callbacks=[stream.callback()], verbose=0)
+        assert stream.step == 12
+    counts = read_audit(audit, topic4)
+    assert sum(counts.values()) == 12 * BATCH
+    exactly_once_prefix(counts, kafka_bootstrap, group_id, topic4)
 
 
 def test_a_custom_loop_commits_what_it_gave_back(
