@@ -634,21 +634,13 @@ class Stream:
     def _save(self, step: int, positions: dict[int, int]) -> dict[int, int] | None:
         """The committer's save: one checkpoint of the bound model at ``positions``; what it
         saved is committed (None: it failed, nothing is committed)."""
-        import tensorflow as tf
-
         checkpointer = self._checkpointer
         if checkpointer is None:
             log.warning("no checkpoint at step %d: no model was bound yet", step)
             return None
         if self._lease is not None:
             self._lease.check()
-        try:
-            path = checkpointer.save(step, positions)
-        except (OSError, tf.errors.OpError) as exc:
-            log.error("checkpoint failed: %s", exc)
-            return None
-        log.info("checkpoint %s at step %d", path, step)
-        return positions
+        return None if checkpointer.save_logged(step, positions) is None else positions
 
     # ---- closing ------------------------------------------------------------------------------
 

@@ -542,14 +542,12 @@ class Worker(Lifecycle[Trainer]):
         if parts.lease is not None:
             parts.lease.check()
         try:
-            path = checkpointer.save(step, positions)
+            path = checkpointer.save_logged(step, positions)
         except ModelDivergedError as exc:  # non-finite weights: never saved
             self._diverged = exc
             raise
-        except (OSError, tf.errors.OpError) as exc:
-            log.error("checkpoint failed: %s", exc)
+        if path is None:
             return None
-        log.info("checkpoint %s at step %d", path, step)
         audit = parts.audit.synced if parts.audit is not None else 0
         trained = self._trained_records()
         self.rollback_points.add(RollbackPoint(path, step, dict(positions), audit, trained=trained))

@@ -177,6 +177,18 @@ class Checkpointer:
         path: str = self.manager.save(checkpoint_number=step)
         return path
 
+    def save_logged(self, step: int, offsets: Mapping[int, int]) -> str | None:
+        """``save``, said in the log; None when the write failed (a full or read-only disk:
+        logged as an error; nothing may be committed past the checkpoint before). Raises
+        ModelDivergedError as ``save`` does. The worker's and ``streamer.Stream``'s save."""
+        try:
+            path = self.save(step, offsets)
+        except (OSError, tf.errors.OpError) as exc:
+            log.error("checkpoint failed: %s", exc)
+            return None
+        log.info("checkpoint %s at step %d", path, step)
+        return path
+
     def write_copy(self, prefix: str, step: int, offsets: Mapping[int, int]) -> str:
         """The same checkpoint written to ``prefix``, outside the managed directory (a worker
         of a multi-worker cluster other than the chief: every worker must save, and only the
