@@ -252,14 +252,16 @@ class Stream:
                     )
                 raise unknown_name(name, sorted(_OPTION_NAMES), "setting of streamer.Stream")
         sources: dict[str, str] = {}
-        config = load_config(settings, env, sources=sources)
+        config = load_config(settings, env, sources=sources, own_model=True)
         for name, instead in LOOP_OPTIONS.items():
-            if sources.get(name, "default") != "default":
-                raise ConfigError(
-                    name,
-                    "(set)",
-                    f"a setting of streamer run's own training loop; with your model: {instead}",
-                )
+            came = sources.get(name, "default")
+            if came == "default":
+                continue
+            why = f"a setting of streamer run's own training loop; with your model: {instead}"
+            if came.startswith("STREAMER_"):  # the worker's environment, beside a script
+                log.warning("%s ignored: %s", came, why)
+                continue
+            raise ConfigError(name, getattr(config, name), why)
         if config.replay is not None:  # pragma: no cover - load_config sets none here
             raise ConfigError("replay", "(set)", "streamer replay is a command, not a Stream")
         changes: dict[str, Any] = {}

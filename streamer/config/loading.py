@@ -98,6 +98,7 @@ def load_config(
     *,
     replay: ReplaySpec | None = None,
     sources: dict[str, str] | None = None,
+    own_model: bool = False,
 ) -> WorkerConfig:
     """Merge defaults < TOML file < STREAMER_* environment < flags into a WorkerConfig.
 
@@ -106,7 +107,8 @@ def load_config(
 
     A ``replay`` takes the options of ``streamer.config.replay.FLAG_ONLY`` (a live worker's outputs)
     from ``args`` only; their values from the file or the environment are not used, and their
-    names are noted in ``config.replay.ignored``.
+    names are noted in ``config.replay.ignored``. ``own_model``: the caller trains a model of
+    its own (``streamer.Stream``), so the schema need not suit the built-in one.
     """
     env = os.environ if env is None else env
     flags = dict(vars(args)) if isinstance(args, argparse.Namespace) else dict(args or {})
@@ -161,4 +163,6 @@ def load_config(
         ):
             if var in env or var + "_FILE" in env:
                 sources[name] = var if var in env else var + "_FILE"
-    return WorkerConfig(**values, sasl_password=sasl, ssl_password=ssl, replay=replay)
+    return WorkerConfig(
+        **values, sasl_password=sasl, ssl_password=ssl, replay=replay, own_model=own_model
+    )

@@ -82,6 +82,8 @@ class WorkerConfig(Options):
     sasl_password: Secret | None = None
     ssl_password: Secret | None = None
     replay: ReplaySpec | None = None  # streamer replay: its range, group and restore dir
+    #: The model is the caller's own (``streamer.Stream``): no ``--model`` and no built-in.
+    own_model: bool = False
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -171,7 +173,7 @@ class WorkerConfig(Options):
                 self.dead_letter_replication_factor,
                 "a positive integer, with --dead-letter-topic",
             )
-        if self.model is None:
+        if self.model is None and not self.own_model:
             self.load_schema().check_builtin_model()
         if self.dead_letter_topic is not None and self.dead_letter_topic == self.topic:
             raise ConfigError(

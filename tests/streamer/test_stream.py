@@ -373,13 +373,15 @@ def test_a_jax_backend_model_fits_from_the_stream_with_exact_commits(
 # ---- settings (no broker) -------------------------------------------------------------------
 
 
-def test_settings_are_the_worker_options_by_name_and_bad_ones_are_named() -> None:
+def test_settings_are_the_worker_options_by_name_and_bad_ones_are_named(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"batch_sise.*did you mean batch_size"):
         streamer.Stream(batch_sise=3)
     with pytest.raises(ConfigError, match=r"steps_per_execution.*model\.compile"):
         streamer.Stream(steps_per_execution=4)
-    with pytest.raises(ConfigError, match="max_steps"):
-        streamer.Stream(env={"STREAMER_MAX_STEPS": "5"})
+    with pytest.raises(ConfigError, match=r"max_steps=5.*steps_per_epoch"):
+        toml = tmp_path / "loop.toml"
+        toml.write_text("max_steps = 5\n")
+        streamer.Stream.from_config(toml)
     with pytest.raises(ConfigError, match="batch_size"):
         streamer.Stream(batch_size=0)
 
@@ -435,3 +437,26 @@ def test_the_example_script_fits_from_kafka_and_goes_on_from_its_checkpoint(
         assert out.returncode == 0, out.stderr[-3000:]
         assert f"trained {steps} steps" in out.stdout, (run, out.stdout)
         assert committed_total(kafka_bootstrap, group_id, topic4) == steps * BATCH
+
+
+def test_strings_and_variable_length_features_reach_fit_and_a_loop(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from examples.recommender import build
+
+    # The worker's environment beside a script: its loop's settings are not a Stream's.
+    with streamer.Stream(
+        sim_task="recommender", batch_size=16, env={"STREAMER_STATUS_INTERVAL": "3"}
+    ) as stream:
+        assert "STREAMER_STATUS_INTERVAL ignored" in caplog.text
+        model = build(stream.schema)
+        model.fit(
+            stream.dataset(model), steps_per_epoch=3, callbacks=[stream.callback()], verbose=0
+        )
+        for batch in stream.batches(model):
+            assert batch.x["items"].shape.rank == 2  # ragged: [batch, None]
+            model.train_on_batch(*batch.data)
+            stream.trained(batch)
+            if stream.step == 5:
+                break
+        assert sum(stream.position().values()) == 5 * 16
