@@ -153,7 +153,9 @@ class _Ledger:
     ...     _ = ledger.push(np.zeros(2, np.int32), np.arange(first, first + 2), np.zeros(2))
     >>> [b.offset.tolist() for b in ledger.take(2)], len(ledger)
     ([[0, 1], [2, 3]], 1)
-    >>> ledger.close(); _ = ledger.push(np.zeros(1), np.zeros(1), np.zeros(1)); len(ledger)
+    >>> ledger.close()     # the one batch noted and not trained
+    1
+    >>> _ = ledger.push(np.zeros(1), np.zeros(1), np.zeros(1)); len(ledger)
     0
     """
 
