@@ -231,14 +231,15 @@ def test_a_custom_loop_commits_what_it_gave_back(
     kafka_bootstrap: str, topic4: str, group_id: str, tmp_path: Path
 ) -> None:
     audit = tmp_path / "audit.log"
-    with streamer.Stream(
+    settings = dict(
         bootstrap=kafka_bootstrap,
         topic=topic4,
         group=group_id,
         batch_size=BATCH,
         audit_log=str(audit),
         checkpoint_dir=str(tmp_path / "ckpt"),
-    ) as stream:
+    )
+    with streamer.Stream(**settings) as stream:
         model = default_model(stream.schema)
         for i, batch in enumerate(stream.batches(model)):
             if i == 7:
@@ -251,14 +252,7 @@ def test_a_custom_loop_commits_what_it_gave_back(
     assert committed_total(kafka_bootstrap, group_id, topic4) == 7 * BATCH
     exactly_once_prefix(read_audit(audit, topic4), kafka_bootstrap, group_id, topic4)
     # Restarted: the checkpoint's step and position.
-    with streamer.Stream(
-        bootstrap=kafka_bootstrap,
-        topic=topic4,
-        group=group_id,
-        batch_size=BATCH,
-        audit_log=str(audit),
-        checkpoint_dir=str(tmp_path / "ckpt"),
-    ) as stream:
+    with streamer.Stream(**settings) as stream:
         model = default_model(stream.schema)
         model.fit(
             stream.dataset(model), steps_per_epoch=3, callbacks=[stream.callback()], verbose=0
