@@ -91,6 +91,7 @@ def wait_for_topic(
                     settings.bootstrap_servers,
                     f"gave up after {attempt} attempts in {time.monotonic() - t0:.0f}s "
                     f"(--broker-wait-seconds {broker_wait_seconds:g})",
+                    security_protocol=settings.security.security_protocol,
                 ) from exc
             log.info(
                 "no Kafka broker answered at %s (attempt %d); retrying in %.0fs, for %.0fs more",

@@ -87,11 +87,22 @@ class BrokerUnavailableError(StreamerError):
 
     retriable = True
 
-    def __init__(self, bootstrap_servers: str, detail: str) -> None:
+    def __init__(
+        self, bootstrap_servers: str, detail: str, *, security_protocol: str | None = None
+    ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        protocol = ""
+        if security_protocol is not None:
+            # A TLS client gets no answer from a PLAINTEXT listener (nor the other way
+            # round): the symptom is the same as no broker at all.
+            protocol = (
+                f", and that its listener there speaks {security_protocol} (--security-protocol"
+                " / STREAMER_SECURITY_PROTOCOL: a listener of another protocol, PLAINTEXT, SSL,"
+                " SASL_PLAINTEXT or SASL_SSL, does not answer)"
+            )
         super().__init__(
             f"no Kafka broker answered at {bootstrap_servers}: {detail}. "
-            "Check the address (--bootstrap / STREAMER_BOOTSTRAP) and that the broker is up."
+            f"Check the address (--bootstrap / STREAMER_BOOTSTRAP), that the broker is up{protocol}."
         )
 
 

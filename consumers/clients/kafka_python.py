@@ -219,7 +219,9 @@ def connect(
                     "or security protocol this listener does not use)",
                 ) from exc
             raise BrokerUnavailableError(
-                bootstrap, f"no answer within {timeout_ms} ms ({type(exc).__name__})"
+                bootstrap,
+                f"no answer within {timeout_ms} ms ({type(exc).__name__})",
+                security_protocol=security.security_protocol,
             ) from exc
         except BaseException:
             watch.stop_client()

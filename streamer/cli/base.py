@@ -7,6 +7,7 @@ import argparse
 import difflib
 import os
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, ClassVar, NoReturn
 
 from consumers.errors import ConfigError
@@ -69,6 +70,10 @@ class Command:
         raise NotImplementedError
 
 
+#: Words of a flag that may carry a secret: its value is never shown, nor a look-alike flag.
+_SECRET_WORDS = ("pass", "pwd", "secret", "token", "credential")
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with the habits of a careful CLI: no abbreviations (``--max-step`` is not
     ``--max-steps``), and an error that is one line with a suggestion, not the whole usage."""
@@ -78,21 +83,32 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
 
     def error(self, message: str) -> NoReturn:
-        hint = self._suggestion(message)
-        self.exit(2, f"{self.prog}: error: {message}{hint}\n(see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {message}\n(see {self.prog} --help)\n")
 
-    def _suggestion(self, message: str) -> str:
-        if "unrecognized arguments:" not in message:
-            return ""
+    def unrecognized(self, tokens: Sequence[str]) -> NoReturn:
+        """Arguments this command does not take: their flags, never their values (a secret
+        given as a flag must not be echoed, to a terminal or a pod's log), with the flag each
+        was probably meant to be; a password flag names the variables passwords come from."""
         known = [o for action in self._actions for o in action.option_strings]
+        flags = [t.split("=", 1)[0] for t in tokens if t.startswith("-")]
+        values = len(tokens) - len(flags) + sum("=" in t for t in tokens if t.startswith("-"))
+        shown = " ".join(flags) or "(values only)"
+        if values:
+            shown += f" (and {values} value{'s' if values > 1 else ''}, not shown)"
+        secret = [f for f in flags if any(w in f.lower() for w in _SECRET_WORDS)]
+        if secret:
+            self.error(
+                f"unrecognized arguments: {shown}; passwords are never flags (a process list "
+                "shows them): set STREAMER_SASL_PASSWORD or STREAMER_SASL_PASSWORD_FILE (a file "
+                "that holds it), STREAMER_SSL_PASSWORD or STREAMER_SSL_PASSWORD_FILE"
+            )
         tips = []
-        for token in message.split("unrecognized arguments:", 1)[1].split():
-            if not token.startswith("-"):
-                continue
-            close = difflib.get_close_matches(token.split("=", 1)[0], known, n=1, cutoff=0.6)
+        for flag in flags:
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
             if close:
-                tips.append(f"{token} -> {close[0]}")
-        return f"; did you mean: {', '.join(tips)}?" if tips else ""
+                tips.append(f"{flag} -> {close[0]}")
+        hint = f"; did you mean: {', '.join(tips)}?" if tips else ""
+        self.error(f"unrecognized arguments: {shown}{hint}")
 
 
 def quiet_tensorflow() -> None:

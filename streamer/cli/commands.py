@@ -34,7 +34,7 @@ COMMANDS: tuple[Command, ...] = (
 )
 
 
-def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+def parsers() -> tuple[argparse.ArgumentParser, dict[str, Parser]]:
     """The ``streamer`` parser and each command's own (whose usage its errors show)."""
     from streamer import __version__
 
@@ -44,7 +44,7 @@ def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     parser.add_argument("--version", action="version", version=f"streamer {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    own: dict[str, argparse.ArgumentParser] = {}
+    own: dict[str, Parser] = {}
     for command in COMMANDS:
         extra = (
             {"formatter_class": argparse.RawDescriptionHelpFormatter}
@@ -57,6 +57,7 @@ def parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
             description=command.description or command.help,
             **extra,  # type: ignore[arg-type]
         )
+        assert isinstance(p, Parser)  # a subparser is of its parent's class
         command.add_arguments(p)
         own[command.name] = p
     return parser, own
@@ -67,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, own = parsers()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # the command's usage, not the top level's: that is where the flag belongs
-        own[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        own[args.command].unrecognized(unknown)
     command = next(c for c in COMMANDS if c.name == args.command)
     try:
         return command.run(args)

@@ -19,11 +19,34 @@ def test_an_unknown_flag_is_one_line_with_a_suggestion() -> None:
     for command, extra in (("run", []), ("replay", ["--from", "earliest", "--to", "latest"])):
         out = streamer(command, *extra, "--no-such-flag", "1", timeout=60)
         assert out.returncode == 2
-        assert f"streamer {command}: error: unrecognized arguments: --no-such-flag 1" in out.stderr
+        assert (
+            f"streamer {command}: error: unrecognized arguments: --no-such-flag (and 1 value, "
+            "not shown)" in out.stderr
+        )
         assert len(out.stderr.splitlines()) <= 2, out.stderr  # not 59 lines of usage
     out = streamer("run", "--bootstrp", "127.0.0.1:1", timeout=60)
     assert out.returncode == 2
     assert "did you mean: --bootstrp -> --bootstrap?" in out.stderr, out.stderr
+
+
+def test_a_password_given_as_a_flag_is_never_echoed_and_the_variables_are_named() -> None:
+    for args in (("--sasl-password", "hunter2"), ("--sasl-password=hunter2",)):
+        out = streamer("run", *args, timeout=60)
+        assert out.returncode == 2
+        assert "hunter2" not in out.stderr + out.stdout
+        assert "STREAMER_SASL_PASSWORD_FILE" in out.stderr, out.stderr
+        assert "--pass-records" not in out.stderr  # no look-alike flag for a secret
+
+
+def test_a_tls_client_at_a_plaintext_listener_is_told_to_check_the_protocol(
+    kafka_bootstrap: str,
+) -> None:
+    out = streamer(
+        "lag", "--bootstrap", kafka_bootstrap, "--group", "g", "--topic", "t",
+        "--security-protocol", "SSL", timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert "speaks SSL (--security-protocol" in out.stderr, out.stderr
 
 
 def test_no_abbreviations_booleans_as_plain_flags_and_enums_in_any_case() -> None:
