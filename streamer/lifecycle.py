@@ -319,9 +319,9 @@ class Lifecycle(Generic[StepT]):
         capacity = cfg.shards * cfg.queue_max_blocks * cfg.max_poll_records
         metrics.set_queue("shard", source.queued_records(), capacity)
         # Emitted into tf.data and not yet trained: autotuned stages, no fixed capacity.
-        metrics.set_queue("prefetch", source.tracker.in_flight(), 0)
+        metrics.set_queue("prefetch", source.tracker.in_flight(), None)
         if source.dead_letter is not None:  # written in the background, bounded by bytes
-            metrics.set_queue("dead_letter", source.dead_letter.pending, 0)
+            metrics.set_queue("dead_letter", source.dead_letter.pending, None)
 
     # ---- shutdown -------------------------------------------------------------------------------
 

@@ -295,7 +295,11 @@ class Metrics:
             "queue_depth_records", "Records waiting in a pipeline stage.", ("stage",)
         )
         self.queue_capacity = gauge(
-            "queue_capacity_records", "Capacity of a pipeline stage, in records.", ("stage",)
+            "queue_capacity_records",
+            "Capacity of a pipeline stage, in records, where it has a fixed one (the shard "
+            "queues; tf.data's autotuned buffers and the dead-letter writer's bytes bound have "
+            "no series).",
+            ("stage",),
         )
         self.paused_partitions = gauge(
             "paused_partitions",
@@ -396,7 +400,7 @@ class Metrics:
             self.kafka_errors.labels(error_type)
         for stage in QUEUE_STAGES:
             self.queue_depth.labels(stage)
-            self.queue_capacity.labels(stage)
+        self.queue_capacity.labels("shard")  # the one stage of a fixed capacity
 
     # -- partitions ---------------------------------------------------------------------------
 
@@ -601,12 +605,14 @@ class Metrics:
         for name, value in (metrics or {}).items():
             self.eval_metric.labels(name).set(value)
 
-    def set_queue(self, stage: QueueStage, depth: int, capacity: int) -> None:
-        """Records in ``stage`` (all shard queues together for "shard") and its capacity."""
+    def set_queue(self, stage: QueueStage, depth: int, capacity: int | None) -> None:
+        """Records in ``stage`` (all shard queues together for "shard") and its capacity
+        (None: it has no fixed one, and no capacity series rather than a false 0)."""
         if stage not in QUEUE_STAGES:
             raise ValueError(f"queue stage {stage!r} is not one of {QUEUE_STAGES}")
         self.queue_depth.labels(stage).set(depth)
-        self.queue_capacity.labels(stage).set(capacity)
+        if capacity is not None:
+            self.queue_capacity.labels(stage).set(capacity)
 
     def set_paused(self, n: int) -> None:
         self.paused_partitions.set(n)

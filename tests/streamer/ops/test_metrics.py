@@ -98,11 +98,8 @@ def test_every_series_exists_at_zero_from_start_up() -> None:
     expected += [
         ("streamer_rebalances_total", {"event": e}) for e in ("assigned", "revoked", "lost")
     ]
-    for stage in QUEUE_STAGES:
-        expected += [
-            ("streamer_queue_depth_records", {"stage": stage}),
-            ("streamer_queue_capacity_records", {"stage": stage}),
-        ]
+    expected += [("streamer_queue_depth_records", {"stage": s}) for s in QUEUE_STAGES]
+    expected += [("streamer_queue_capacity_records", {"stage": "shard"})]
     missing = [(n, lb) for n, lb in expected if m.registry.get_sample_value(n, lb) != 0.0]
     assert missing == []
     # A loss before the first step or evaluation is unknown, never a perfect-looking 0.
@@ -370,7 +367,7 @@ def test_poll_decode_step_and_pipeline_counters() -> None:
     m.observe_step(241, step_seconds=0.03, input_wait_seconds=0.2, loss=None)
     m.observe_eval(0.5)
     m.set_queue("shard", 1200, 4000)
-    m.set_queue("prefetch", 2, 8)
+    m.set_queue("prefetch", 4104, None)  # autotuned: no capacity, never a false 0
     m.set_paused(3)
 
     t = {"topic": TOPIC}
@@ -390,7 +387,11 @@ def test_poll_decode_step_and_pipeline_counters() -> None:
     assert value(m, "streamer_input_wait_seconds_bucket", le="0.0005") == 1.0
     assert value(m, "streamer_input_wait_seconds_count") == 2.0
     assert value(m, "streamer_queue_depth_records", stage="shard") == 1200.0
-    assert value(m, "streamer_queue_capacity_records", stage="prefetch") == 8.0
+    assert value(m, "streamer_queue_depth_records", stage="prefetch") == 4104.0
+    assert (
+        m.registry.get_sample_value("streamer_queue_capacity_records", {"stage": "prefetch"})
+        is None
+    )
     assert value(m, "streamer_paused_partitions") == 3.0
 
     snap = m.snapshot()

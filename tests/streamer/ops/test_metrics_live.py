@@ -112,7 +112,8 @@ STARTUP_LABEL_VALUES = {
     "checkpoints_total": ("result", {"success", "failure"}),
     "rebalances_total": ("event", {"assigned", "revoked", "lost"}),
     "queue_depth_records": ("stage", {"shard", "prefetch", "dead_letter"}),
-    "queue_capacity_records": ("stage", {"shard", "prefetch", "dead_letter"}),
+    # Only the shard queues have a fixed capacity (no false 0 for autotuned buffers).
+    "queue_capacity_records": ("stage", {"shard"}),
 }
 
 
