@@ -7,10 +7,11 @@ shards consume with: kafka-python is always installed, and none of this is on th
 
 from __future__ import annotations
 
+import difflib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -46,6 +47,17 @@ _T = TypeVar("_T")
 class _Readiness(Protocol):
     def set_ready(self, flag: bool, reason: str) -> None: ...
     def waiting(self, component: str, reason: str) -> None: ...
+
+
+def similar_topics(topic: str, existing: Iterable[str]) -> list[str]:
+    """Existing topics whose name is close to ``topic`` (a typo's likely meaning), Kafka's
+    internal ones left out.
+
+    >>> similar_topics("smaples", {"samples", "clicks", "__consumer_offsets"})
+    ['samples']
+    """
+    names = [t for t in existing if not t.startswith("__")]
+    return difflib.get_close_matches(topic, names, n=3, cutoff=0.6)
 
 
 def wait_for_topic(
@@ -108,9 +120,12 @@ def wait_for_topic(
                 time.sleep(backoff)
             backoff = min(backoff * 2, max_backoff_seconds)
             continue
+        similar: list[str] = []
         try:
             parts = consumer.partitions_for_topic(settings.topic)
             topic_id = internals.topic_id(consumer, settings.topic) if parts else None
+            if not parts:
+                similar = similar_topics(settings.topic, consumer.topics())
         finally:
             consumer.close(autocommit=False)
         if topic_ids is not None and topic_id is not None:
@@ -120,12 +135,16 @@ def wait_for_topic(
                 log.info("topic %r exists now: %d partitions", settings.topic, len(parts))
             return sorted(parts)
         if topic_wait_seconds is not None and waited_topic >= topic_wait_seconds:
-            raise TopicNotFoundError(settings.topic)
-        log.warning("topic %r does not exist yet; waiting %.0fs", settings.topic, backoff)
+            raise TopicNotFoundError(settings.topic, similar=similar, waited=waited_topic)
+        bound = "" if topic_wait_seconds is None else f", at most {topic_wait_seconds:.0f}s in all"
+        like = f" (topics of a similar name exist: {', '.join(similar)})" if similar else ""
+        log.warning(
+            "topic %r does not exist yet%s; waiting %.0fs%s", settings.topic, like, backoff, bound
+        )
         if health is not None:
             health.set_ready(False, f"topic {settings.topic} does not exist")
         if stop is not None and stop.wait(backoff):
-            raise TopicNotFoundError(settings.topic)
+            raise TopicNotFoundError(settings.topic, similar=similar)
         if stop is None:
             time.sleep(backoff)
         waited_topic += backoff

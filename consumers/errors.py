@@ -135,9 +135,16 @@ class TopicNotFoundError(StreamerError):
 
     retriable = True
 
-    def __init__(self, topic: str) -> None:
+    def __init__(
+        self, topic: str, *, similar: list[str] | None = None, waited: float | None = None
+    ) -> None:
         self.topic = topic
-        super().__init__(f"topic {topic!r} does not exist; create it or fix --topic")
+        self.similar = list(similar or [])
+        after = f" (waited {waited:.0f}s: --topic-wait-seconds)" if waited else ""
+        names = ""
+        if self.similar:
+            names = f"; topics of a similar name exist: {', '.join(self.similar)}"
+        super().__init__(f"topic {topic!r} does not exist{after}{names}; create it or fix --topic")
 
 
 class FencedError(StreamerError):

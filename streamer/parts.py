@@ -412,6 +412,7 @@ def find_topic(
         stop=stop,
         topic_ids=ids,
         broker_wait_seconds=cfg.broker_wait_seconds,
+        topic_wait_seconds=cfg.topic_wait_seconds or None,
     )
     if cfg.replay is not None and not cfg.partitions:  # a replay reads them all
         cfg = dataclasses.replace(cfg, partitions=tuple(everything))

@@ -168,6 +168,13 @@ class Options:
         "every command that talks to Kafka ends the same way",
         group="kafka",
     )
+    topic_wait_seconds: float = option(
+        300.0,
+        "at start-up, how long to wait for --topic to exist before one error that names the "
+        "existing topics of a similar name (exit 1); 0: wait as long as it takes (a topic its "
+        "producer creates later)",
+        group="kafka",
+    )
     dead_letter_topic: str | None = option(
         None,
         "topic for records that fail to decode (unset: count and skip them); created at "

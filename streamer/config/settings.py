@@ -111,6 +111,10 @@ class WorkerConfig(Options):
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "a positive number of seconds")
+        if self.topic_wait_seconds < 0:
+            raise ConfigError(
+                "topic_wait_seconds", self.topic_wait_seconds, "seconds >= 0 (0: no bound)"
+            )
         if self.max_steps is not None and self.max_steps < 1:
             raise ConfigError("max_steps", self.max_steps, "a positive integer or unset")
         if self.stop_after_idle is not None and self.stop_after_idle <= 0:

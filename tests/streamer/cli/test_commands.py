@@ -240,6 +240,24 @@ def test_simulate_tells_the_truth_off_a_terminal_and_on_ctrl_c(
 
 @pytest.mark.kafka
 @pytest.mark.timeout(240)
+def test_a_topic_typo_ends_after_the_topic_wait_naming_the_topic_meant(
+    kafka_bootstrap: str, make_topic: Callable[..., str]
+) -> None:
+    topic = make_topic(1, prefix="samples")
+    typo = topic[0] + topic[2] + topic[1] + topic[3:]  # "smaples-..."
+    t0 = time.monotonic()
+    out = streamer(
+        "run", "--bootstrap", kafka_bootstrap, "--topic", typo, "--topic-wait-seconds", "3",
+        "--metrics-port", "0", timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    assert f"topic '{typo}' does not exist (waited" in out.stderr, out.stderr
+    assert f"topics of a similar name exist: {topic}" in out.stderr, out.stderr
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(240)
 def test_a_missing_topic_is_one_clear_error_for_the_operations_tools(kafka_bootstrap: str) -> None:
     """lag, reset-group and replay: exit 1 at once, one line naming the topic and the fix.
     (``run`` waits for its topic by design: not ready until it exists, README "Reliability".)"""
