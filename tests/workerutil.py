@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import math
 import os
 import re
 import signal
@@ -155,7 +156,10 @@ class WorkerProcess:
 
     def progress(self) -> list[Progress]:
         """The ``progress step=... loss=... samples_trained=...`` lines, in order."""
-        return [Progress(int(s), float(x), int(n)) for s, x, n in _PROGRESS.findall(self.log())]
+        return [
+            Progress(int(s), math.nan if x == "-" else float(x), int(n))  # "-": not known yet
+            for s, x, n in _PROGRESS.findall(self.log())
+        ]
 
     def samples_trained(self) -> int:
         lines = self.progress()

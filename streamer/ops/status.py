@@ -10,6 +10,7 @@ the line again (``LiveLineHandler``).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -117,10 +118,14 @@ class StatusLine:
             lag = int(snap["consumer_lag_records"])
         commits = int(snap["offset_commits_success"])
         metrics = self._metrics
+        # A loss not known yet (a cluster's comes one all-reduce after its step; none before
+        # the first step) is shown as "-", never as a value: NaN would read as a diverged step.
+        known = not math.isnan(loss)
         if self.tty:
             shown = "".join(f" | {name} {value:.4f}" for name, value in metrics.items())
+            text = f"{loss:.4f}" if known else "-"
             self._frame = (
-                f"step {step:>9,} | {rate:>9,.0f} samples/s | lag {lag:>10,} | loss {loss:.4f}"
+                f"step {step:>9,} | {rate:>9,.0f} samples/s | lag {lag:>10,} | loss {text:>6}"
                 f"{shown} | trained {int(samples):,} | commits {commits:,}"
             )
             with _active_lock:
@@ -128,12 +133,12 @@ class StatusLine:
                 self.out.flush()
         else:
             log.info(
-                "progress step=%d samples_per_second=%.0f lag=%d loss=%.5f samples_trained=%d "
+                "progress step=%d samples_per_second=%.0f lag=%d loss=%s samples_trained=%d "
                 "decode_errors=%d commits=%d%s%s",
                 step,
                 rate,
                 lag,
-                loss,
+                f"{loss:.5f}" if known else "-",
                 samples,
                 snap["decode_errors"],
                 commits,

@@ -163,3 +163,23 @@ def test_a_log_record_on_a_terminal_never_lands_on_the_live_line() -> None:
     finally:
         logger.removeHandler(handler)
         line.end()
+
+
+def test_a_loss_not_known_yet_is_shown_as_unknown_never_as_nan(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A cluster's loss of a round comes one all-reduce later: its first frame has none."""
+    caplog.set_level(logging.INFO, logger="streamer.ops.status")
+    clock = Clock()
+    line = StatusLine(io.StringIO(), 10.0, Snapshot(), clock=clock)  # type: ignore[arg-type]
+    line.maybe(1, float("nan"))
+    clock.now += 11.0
+    line.maybe(2, 0.25)
+    frames = progress(caplog)
+    assert [f["loss"] for f in frames] == ["-", "0.25000"]
+    out: Any = io.StringIO()
+    out.isatty = lambda: True
+    tty = StatusLine(out, 10.0, Snapshot(), clock=Clock())  # type: ignore[arg-type]
+    tty.maybe(1, float("nan"))
+    tty.end()
+    assert "loss      -" in out.getvalue() and "nan" not in out.getvalue()
