@@ -116,6 +116,11 @@ class _BatchHistogram(Collector):
         return [family]
 
 
+#: Record timestamps before this (2000-01-01T00:00:00Z, ms) are a producer's clock unset or
+#: far behind (1970 when it sends 0), not a record's age: counted as skewed, like the future.
+SKEW_FLOOR_MS = 946_684_800_000
+
+
 @dataclass
 class _PartitionState:
     high_watermark: int = 0
@@ -194,6 +199,9 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._lock = threading.Lock()
         self._partitions: dict[int, _PartitionState] = {}
+        #: Per partition once revoked: its high watermark, committed offset and newest trained
+        #: timestamp (ms), where its series start when it comes back here.
+        self._known: dict[int, tuple[int, int, int]] = {}
         self._unknown_error_types_logged: set[str] = set()
         r = self.registry
         t = ("topic",)
@@ -274,8 +282,9 @@ class Metrics:
         )
         self.records_clock_skewed = counter(
             "records_clock_skewed",
-            "Trained records whose timestamp was ahead of this worker's clock (a producer's "
-            "clock runs ahead): their age counts as 0 and freshness is clamped to now.",
+            "Trained records whose timestamp was ahead of this worker's clock (their age counts "
+            "as 0, freshness is clamped to now) or before 2000-01-01 (a producer's clock unset "
+            "or far behind: no age, freshness unchanged).",
             t,
         )
         r.register(self.record_age)
@@ -405,7 +414,11 @@ class Metrics:
     # -- partitions ---------------------------------------------------------------------------
 
     def partitions_assigned(self, partitions: Iterable[int]) -> None:
-        """Create the per-partition series (at 0) of newly assigned partitions."""
+        """Create the per-partition series of newly assigned partitions: at 0, or, for a
+        partition this worker held before (the next pass, a rebalance back), at what was
+        last known of it (high watermark, committed offset, the newest record trained), never
+        a 0 that reads as an empty partition or a record of 1970 until the first poll or
+        step."""
         with self._lock:
             for p in map(int, partitions):
                 if p in self._partitions:
@@ -413,13 +426,34 @@ class Metrics:
                 state = self._partitions[p] = _PartitionState()
                 for gauge in self._per_partition:
                     state.series[id(gauge)] = gauge.labels(self.topic, str(p))
+                known = self._known.get(p)
+                if known is not None:
+                    hw, state.committed, state.last_trained_ms = known
+                    state.high_watermark = hw
+                    self._series(self.partition_high_watermark, p, state).set(hw)
+                    # Everything below the commit was trained (here or by the member before):
+                    # the gauge starts there; the state's own trained offset counts this
+                    # assignment's steps (a rollback's start below the commit stays the floor).
+                    self._series(self.partition_trained, p, state).set(state.committed)
+                    self._series(self.partition_committed, p, state).set(state.committed)
+                    if state.last_trained_ms >= 0:
+                        gauge = self.partition_last_trained_timestamp
+                        self._series(gauge, p, state).set(state.last_trained_ms / 1000.0)
+                    self._update_lag(p, state)
             self.assigned_partitions.set(len(self._partitions))
 
     def partitions_revoked(self, partitions: Iterable[int]) -> None:
-        """Remove every per-partition series of these partitions (revoked or lost)."""
+        """Remove every per-partition series of these partitions (revoked or lost); what was
+        known of them is kept for their next assignment here."""
         with self._lock:
             for p in map(int, partitions):
-                self._partitions.pop(p, None)
+                state = self._partitions.pop(p, None)
+                if state is not None:
+                    self._known[p] = (
+                        state.high_watermark,
+                        state.committed,
+                        state.last_trained_ms,
+                    )
                 for gauge in self._per_partition:
                     gauge.remove(self.topic, str(p))
             self.assigned_partitions.set(len(self._partitions))
@@ -517,7 +551,9 @@ class Metrics:
         Per partition: trained offset = max offset + 1, last trained timestamp = max record
         timestamp, never past ``now``. Every record's age (``now`` - timestamp, floored at 0)
         goes into the age histogram in one vectorised call; records stamped after ``now`` (a
-        producer's clock ahead of ours) are counted in ``records_clock_skewed``.
+        producer's clock ahead of ours) are counted in ``records_clock_skewed``, and so are
+        records stamped before ``SKEW_FLOOR_MS`` (2000-01-01: a producer's clock unset or far
+        behind), which have no age and leave the partition's freshness as it was.
         Timestamps < 0 (Kafka's "none") are left out.
         """
         parts = np.asarray(partition_array, dtype=np.int64).ravel()
@@ -531,6 +567,11 @@ class Metrics:
         if parts.size == 0:
             return
         has_time = stamps >= 0
+        past = has_time & (stamps < SKEW_FLOOR_MS)
+        if past.any():  # a producer's clock far behind (1970: an unset clock): no age at all
+            self.records_clock_skewed.labels(self.topic).inc(int(np.count_nonzero(past)))
+            has_time &= ~past
+            stamps = np.where(past, -1, stamps)  # nor the partition's freshness
         ages = now - stamps[has_time] / 1000.0
         future = int(np.count_nonzero(ages < 0))
         if future:  # a producer's clock runs ahead of ours: never a negative age

@@ -181,15 +181,19 @@ def test_revoking_removes_every_per_partition_series() -> None:
     assert value(m, "streamer_assigned_partitions") == 1.0
 
 
-def test_reassignment_starts_fresh_series() -> None:
+def test_reassignment_starts_at_what_was_known_and_a_late_update_changes_nothing() -> None:
     m = make_metrics()
     m.partitions_assigned([2])
     m.set_high_watermark(2, 50)
     m.observe_trained([2], [39], [0], NOW)
+    m.observe_commit({2: 40}, True, 0.01)
     m.partitions_revoked([2])
+    m.observe_trained([2], [45], [0], NOW)  # a late batch of the revoked partition
+    assert value(m, "streamer_partition_trained_offset", **pl(2)) is None  # no stale series
     m.partitions_assigned([2])
-    assert value(m, "streamer_partition_trained_offset", **pl(2)) == 0.0
-    assert value(m, "streamer_partition_high_watermark_offset", **pl(2)) == 0.0
+    assert value(m, "streamer_partition_trained_offset", **pl(2)) == 40.0
+    assert value(m, "streamer_partition_high_watermark_offset", **pl(2)) == 50.0
+    assert value(m, "streamer_consumer_lag_records", **pl(2)) == 10.0
 
 
 def test_lag_is_high_watermark_minus_trained_and_never_negative() -> None:
@@ -497,3 +501,36 @@ def test_a_partition_assigned_again_after_a_revocation_gets_its_series_back() ->
     ts = "streamer_partition_last_trained_timestamp_seconds"
     assert value(m, ts, **pl(0)) == pytest.approx(NOW - 3.0)
     assert value(m, "streamer_consumer_lag_records", **pl(0)) is not None
+
+
+def test_a_record_stamped_in_1970_is_clock_skew_not_56_years_of_staleness() -> None:
+    m = make_metrics()
+    m.partitions_assigned([0])
+    now_ms = int(NOW * 1000)
+    m.observe_trained([0, 0], [0, 1], [0, now_ms - 3000], NOW)  # a producer that sends 0
+    ts = "streamer_partition_last_trained_timestamp_seconds"
+    assert value(m, ts, **pl(0)) == pytest.approx(NOW - 3.0)
+    assert value(m, "streamer_records_clock_skewed_total", topic=TOPIC) == 1.0
+    age = "streamer_record_age_at_train_seconds"
+    assert value(m, f"{age}_count") == 1.0 and value(m, f"{age}_sum") == pytest.approx(3.0)
+    # Only 1970s: the freshness stays unknown (0: the alert's "> 0" leaves it out).
+    m.partitions_assigned([1])
+    m.observe_trained([1], [0], [1_000], NOW)
+    assert value(m, ts, **pl(1)) == 0.0
+    assert value(m, "streamer_records_clock_skewed_total", topic=TOPIC) == 2.0
+
+
+def test_a_partition_assigned_again_starts_at_what_was_known_not_at_zero() -> None:
+    """The next pass (or a rebalance back) must not read as an empty partition trained in
+    1970 until its first poll and step."""
+    m = make_metrics()
+    m.partitions_assigned([0])
+    m.set_high_watermark(0, 5_000)
+    now_ms = int(NOW * 1000)
+    m.observe_trained([0], [999], [now_ms - 1000], NOW)
+    m.partitions_revoked([0])
+    assert value(m, "streamer_partition_high_watermark_offset", **pl(0)) is None  # no series
+    m.partitions_assigned([0])
+    ts = "streamer_partition_last_trained_timestamp_seconds"
+    assert value(m, ts, **pl(0)) == pytest.approx(NOW - 1.0)
+    assert value(m, "streamer_partition_high_watermark_offset", **pl(0)) == 5_000.0
