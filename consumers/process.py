@@ -9,14 +9,20 @@ the child's shard tells its hooks) and commands down (commit, release, close).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import itertools
 import logging
 import multiprocessing
+import multiprocessing.spawn
+import os
 import pickle
+import shlex
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -381,7 +387,7 @@ def _child_main(
     prepare: Callable[[RecordBlock], Any] | None = None,
 ) -> None:
     # Terminal and group signals are the parent's to act on (DESIGN.md section 3, shutdown):
-    # the parent started this process with them blocked, so none arrived before this point.
+    # ignored since this process's first code (consumers/_child_start.py), and here again.
     for signum in _PARENT_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _PARENT_SIGNALS)
@@ -482,26 +488,76 @@ def _picklable(exc: BaseException) -> BaseException:
 _MAIN_LOCK = threading.Lock()
 
 
+#: The child's main module (``__mp_main__``): ignores terminal and group signals first thing.
+_CHILD_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_child_start.py")
+
+
+_launcher: str | None = None
+_launcher_tried = False
+
+
+def _child_launcher() -> str | None:
+    """A launcher for the child's interpreter that starts it with SIGINT and SIGTERM ignored
+    (``trap '' INT TERM; exec python``): an ignored signal stays ignored across ``exec``, and
+    Python then installs no KeyboardInterrupt handler, so a Ctrl-C to the process group
+    while a child starts (its interpreter, its imports) reaches nothing in it. Made once per
+    process in a private temporary directory (removed at exit); None where none can be made
+    (no /bin/sh, a read-only /tmp): the child then ignores them from its first line on
+    (``_CHILD_START``), a window of its interpreter's start-up."""
+    global _launcher, _launcher_tried
+    if _launcher_tried:
+        return _launcher
+    _launcher_tried = True
+    if os.name != "posix" or not os.path.exists("/bin/sh"):
+        return None
+    try:
+        directory = tempfile.mkdtemp(prefix="streamer-shard-")
+        path = os.path.join(directory, "python")
+        python = multiprocessing.spawn.get_executable()
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(
+                "#!/bin/sh\n"
+                "# A streamer shard child: terminal and group signals are its parent's.\n"
+                "trap '' INT TERM\n"
+                f'exec {shlex.quote(os.fsdecode(python))} "$@"\n'
+            )
+        os.chmod(path, 0o700)
+    except OSError as exc:
+        log.debug("no launcher for shard children (%s): they ignore signals once started", exc)
+        return None
+    atexit.register(shutil.rmtree, directory, True)
+    _launcher = path
+    return path
+
+
 @contextlib.contextmanager
-def _main_module_hidden() -> Iterator[None]:
-    """Start a spawned child without the parent's main module: the child's work is all in
-    this module, and ``multiprocessing`` would otherwise run the main script again in it (as
-    ``__mp_main__``). A training script of a user of ``streamer.Stream`` without the
-    ``if __name__ == "__main__"`` guard would then build a Stream in every shard's child (and
-    the child fail). The spawn reads ``__main__.__spec__`` and ``__file__`` as ``start()``
-    prepares the child, and only then; shards start on several threads, hence the lock."""
+def _child_main_module() -> Iterator[None]:
+    """Start a spawned child by the launcher (``_child_launcher``: its interpreter starts
+    with SIGINT and SIGTERM ignored) and with ``consumers/_child_start.py`` as its main
+    module, not the parent's: ``multiprocessing`` runs the parent's main script again in the
+    child (as ``__mp_main__``) before anything else, so a training script of a user of
+    ``streamer.Stream`` without the ``if __name__ == "__main__"`` guard would build a Stream
+    in every shard's child (and the child fail). The spawn reads the executable,
+    ``__main__.__spec__`` and ``__file__`` as ``start()`` prepares the child, and only then;
+    shards start on several threads, hence the lock."""
     main = sys.modules.get("__main__")
     if main is None:
         yield
         return
     with _MAIN_LOCK:
+        launcher = _child_launcher()
+        python = multiprocessing.spawn.get_executable()
         missing = object()
         saved = {k: main.__dict__.get(k, missing) for k in ("__spec__", "__file__")}
         main.__dict__["__spec__"] = None
-        main.__dict__.pop("__file__", None)
+        main.__dict__["__file__"] = _CHILD_START
+        if launcher is not None:
+            multiprocessing.spawn.set_executable(launcher)
         try:
             yield
         finally:
+            if launcher is not None:
+                multiprocessing.spawn.set_executable(python)
             for k, v in saved.items():
                 if v is missing:
                     main.__dict__.pop(k, None)
@@ -592,11 +648,12 @@ class ProcessShard:
             name=f"streamer-shard-{self.shard_index}",
             daemon=True,
         )
-        # Blocked while the child starts (a mask survives the exec of a spawned child), so a
-        # Ctrl-C to the process group never reaches it before it ignores such signals itself.
+        # A spawned child starts with an empty mask (the mask below keeps the signals from
+        # this thread only while it starts the child); the child ignores them first thing
+        # (``_CHILD_START``), so a Ctrl-C to the process group never interrupts its imports.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, _PARENT_SIGNALS)
         try:
-            with _main_module_hidden():
+            with _child_main_module():
                 self._proc.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
@@ -669,7 +726,16 @@ class ProcessShard:
                 break
             self._handle(event)
         died = self._child_cpu_at_end is None and not self._closed and self.failed is None
-        if died:  # killed (the OOM killer, kill -9) or crashed: never a silent idle shard
+        if died and self._ended_by_group_signal():
+            # A Ctrl-C (or a SIGTERM to the process group) that reached the child as it started,
+            # before it could ignore it: the parent got it too and is stopping. Not a failure.
+            log.info(
+                "shard %d: its child process was ended by %s as it started (the signal this "
+                "worker stops on); its records not trained are read again",
+                self.shard_index,
+                self._exit_text(),
+            )
+        elif died:  # killed (the OOM killer, kill -9) or crashed: never a silent idle shard
             self.failed = StreamerError(
                 f"shard {self.shard_index}: its child process ended without closing its "
                 f"consumer ({self._exit_text()}); its records not trained stay uncommitted "
@@ -677,6 +743,16 @@ class ProcessShard:
             )
         self._child_closed.set()
         self._queue.wake()
+
+    def _ended_by_group_signal(self) -> bool:
+        """The child was killed by SIGINT or SIGTERM: what a terminal or an operator sends the
+        whole process group (a child ignores them from its first line on; only one that
+        arrives while its interpreter starts can end it)."""
+        proc = self._proc
+        if proc is None:
+            return False
+        proc.join(1.0)
+        return proc.exitcode in (-signal.SIGINT, -signal.SIGTERM)
 
     def _exit_text(self) -> str:
         proc = self._proc

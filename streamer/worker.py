@@ -653,7 +653,11 @@ class Worker(Lifecycle[Trainer]):
             moved = checkpoints is not None and self.step != checkpoints.last_step
             if checkpoints is not None and (self._stopping.is_set() or moved):
                 checkpointer = required(parts.checkpointer, "checkpointer", "--checkpoint-dir")
-                if moved or not checkpointer.latest:
+                # A run that trained nothing writes nothing (a stop before the first step must
+                # not leave an untrained model for the next start to restore); a replay's
+                # directory is its output, so it gets the model it restored even so.
+                first = not checkpointer.latest and (self.step > 0 or self.config.replay)
+                if moved or first:
                     committer.checkpoint(self.step)
             else:
                 committer.commit(committer.done_points(), self.step)

@@ -586,3 +586,49 @@ def test_clean_stop_leaves_an_embedding_process_running(tmp_path: Path) -> None:
     assert "run returned 0" in proc.stdout, out
     assert proc.returncode == 0, out
     assert "alive after the shutdown timeout" in proc.stdout, out
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_as_shard_processes_start_prints_no_child_traceback_and_writes_no_checkpoint(
+    kafka_bootstrap: str, make_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """A Ctrl-C to the process group the moment the first shard child exists: the children
+    (whose interpreters are starting) ignore it, the worker stops cleanly (exit 0), and a run
+    that trained nothing leaves no ckpt-N for the next start to restore."""
+    topic = make_topic(2)
+    produce(kafka_bootstrap, topic, 2_000, partitions=2)
+    root = Path(__file__).resolve().parents[2]
+    for attempt in range(2):
+        ckpt = tmp_path / f"ckpt{attempt}"
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "streamer.cli", "run", "--bootstrap", kafka_bootstrap,
+                "--topic", topic, "--group", f"g-ctrl-c-{attempt}-{os.getpid()}", "--shards", "2",
+                "--shard-runtime", "process", "--metrics-port", "0",
+                "--checkpoint-dir", str(ckpt),
+            ],
+            cwd=root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                kids = subprocess.run(
+                    ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+                ).stdout.split()
+                if kids:
+                    break
+                assert proc.poll() is None and time.monotonic() < deadline, "no shard child"
+                time.sleep(0.005)
+            os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+            _, err = proc.communicate(timeout=120)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+        assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
+        assert proc.returncode == 0, err[-4000:]
+        assert not list(ckpt.glob("ckpt-*")), sorted(p.name for p in ckpt.iterdir())
