@@ -25,6 +25,34 @@ from streamer.input.pipeline import PipelineSettings
 __all__ = ["WorkerConfig", "resolve_shard_runtime", "shard_runtime_choice", "usable_cores"]
 
 
+def _check_model_spec(spec: str) -> None:
+    """``--model package.module:function`` as far as it can be checked without importing the
+    module (which imports Keras and TensorFlow): its form, and that the module can be found
+    on the Python path or in the current directory (``streamer.train.model.load_model``'s
+    search), so a typo fails in a fraction of a second, not after TensorFlow loaded."""
+    import importlib.util
+
+    module, _, function = spec.partition(":")
+    if not module or not function.isidentifier():
+        raise ConfigError("model", spec, "package.module:function")
+    top = module.partition(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found and top.isidentifier():
+        cwd = Path.cwd()
+        found = (cwd / f"{top}.py").is_file() or (cwd / top).is_dir()
+    if not found:
+        raise ConfigError(
+            "model",
+            spec,
+            f"no module {top!r} on the Python path or in the current directory ({Path.cwd()}); "
+            "package.module:function names a function that takes the schema and returns a "
+            "compiled keras.Model",
+        )
+
+
 def _default_worker_id() -> str:
     # Kubernetes sets HOSTNAME to the pod name: a stable static group instance id per replica.
     return os.environ.get("HOSTNAME") or socket.gethostname() or "worker-0"
@@ -167,8 +195,8 @@ class WorkerConfig(Options):
             raise ConfigError(
                 "schema", self.schema, "must name an existing TOML or JSON schema file"
             )
-        if self.model is not None and ":" not in self.model:
-            raise ConfigError("model", self.model, "package.module:function")
+        if self.model is not None:
+            _check_model_spec(self.model)
         if self.dead_letter_replication_factor is not None and (
             self.dead_letter_replication_factor < 1 or self.dead_letter_topic is None
         ):
@@ -177,8 +205,11 @@ class WorkerConfig(Options):
                 self.dead_letter_replication_factor,
                 "a positive integer, with --dead-letter-topic",
             )
+        # The schema file is read now, whichever model takes it: a bad one fails before
+        # TensorFlow loads and before the metrics server binds its port.
+        schema = self.load_schema()
         if self.model is None and not self.own_model:
-            self.load_schema().check_builtin_model()
+            schema.check_builtin_model()
         if self.dead_letter_topic is not None and self.dead_letter_topic == self.topic:
             raise ConfigError(
                 "dead_letter_topic", self.dead_letter_topic, "must differ from --topic"

@@ -141,6 +141,36 @@ def test_cli_reports_config_errors_with_exit_2() -> None:
     assert "shards" in proc.stderr
 
 
+CHECK_BEFORE_TENSORFLOW = """
+import sys
+from streamer.cli import main
+code = main(sys.argv[1:])
+print("exit", code, "tensorflow loaded:", "tensorflow" in sys.modules)
+"""
+
+
+def test_a_wrong_model_or_a_bad_schema_with_a_model_fails_before_tensorflow_loads(
+    tmp_path: Path,
+) -> None:
+    """Both used to be found after TensorFlow loaded (5-9 s), the schema after the metrics
+    server had bound its port."""
+    bad_schema = tmp_path / "bad.toml"
+    bad_schema.write_text('label = "y"\n[features.y]\ndtype = "float128"\n')
+    for args, said in (
+        (["--model", "no_such_package.models:build"], "no module 'no_such_package'"),
+        (["--model", "examples.keras_model:build", "--schema", str(bad_schema)], "float128"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-c", CHECK_BEFORE_TENSORFLOW, "run", *args],
+            cwd=Path(__file__).resolve().parents[3],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "exit 2 tensorflow loaded: False" in proc.stdout, proc.stdout + proc.stderr
+        assert said in proc.stderr, proc.stderr
+
+
 def test_shard_runtime_auto_picks_processes_only_with_shards_and_cores_to_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
