@@ -470,9 +470,11 @@ class Stream:
         try:
             while True:
                 t0 = time.perf_counter()
+                self.health.waiting("trainer", "waiting for input")
                 raw = source.next_batch(iterator)
                 if raw is None:
                     return
+                self.health.beat("trainer")  # the step, from here, must end in stall_timeout
                 partition, offset, timestamp = (raw.pop(k).numpy() for k in METADATA_COLUMNS)
                 parts = self._split(raw, inputs)
                 weight = parts[2] if len(parts) == 3 else None
@@ -631,6 +633,10 @@ class Stream:
             source.stop()
             source.end_pass()
             source.resume()
+            # Between passes the script does what it likes (an evaluation, an export) for as
+            # long as it likes: nothing is watched, so /healthz stays 200; not ready.
+            for component in ("trainer", "poller"):
+                self.health.unregister(component)
             self.health.set_ready(False, "between passes")
         if source.reject_limit is not None:
             raise source.reject_limit  # after a commit that stays below the rejects

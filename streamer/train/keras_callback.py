@@ -49,6 +49,8 @@ class StreamCallback(keras.callbacks.Callback):
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._begin_step = batch
         self._began = time.perf_counter()
+        # The call may wait for input as long as the stream is idle: not a stall (/healthz).
+        self.stream.health.waiting("trainer", "in a Keras step, or its wait for input")
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         # Keras numbers the steps of a call begin..end (steps_per_execution of them).
