@@ -454,3 +454,21 @@ def test_strings_and_variable_length_features_reach_fit_and_a_loop(
             if stream.step == 5:
                 break
         assert sum(stream.position().values()) == 5 * 16
+
+
+def test_between_fits_the_script_is_not_a_stall_and_not_ready() -> None:
+    """A script evaluates or exports between fits for as long as it likes: /healthz stays
+    200 (a liveness probe must not restart it), /readyz says it is not training."""
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+    with streamer.Stream(batch_size=8, metrics_port=port, stall_timeout=1.0) as stream:
+        model = default_model(stream.schema)
+        model.fit(stream.dataset(), steps_per_epoch=2, callbacks=[stream.callback()], verbose=0)
+        time.sleep(2.5)  # past stall_timeout, doing "something else"
+        health = urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10)
+        assert health.status == 200
+        with pytest.raises(urllib.error.HTTPError) as ready:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10)
+        assert ready.value.code == 503 and b"between passes" in ready.value.read()
