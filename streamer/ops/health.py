@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import logging
+import selectors
 import socket
 import threading
 import time
@@ -132,6 +134,114 @@ _REFUSED = (
 )
 
 
+#: A connection has this long to send its request's headers, however it trickles them in: a
+#: client that sends a byte every few seconds (slowloris) is cut off, not waited for.
+HEADER_DEADLINE_SECONDS = 5.0
+#: The most a request's headers may take; a longer one is closed.
+MAX_HEADER_BYTES = 16 * 1024
+#: Connections whose headers are still coming in; past it the oldest is closed.
+MAX_PENDING = 256
+
+
+class _Pending:
+    """Reads each connection's request headers on one selector thread, with a deadline, and
+    hands a connection to a handler thread only once its headers are in. So a slow client
+    holds a few bytes of buffer, never a handler thread: /healthz and /readyz are answered as
+    soon as their own request arrives, whatever else is connected (32 clients each sending a
+    byte every 4 s once kept /healthz at 503 for a minute, and a liveness probe restarts a
+    pod for less)."""
+
+    def __init__(self, dispatch: Callable[[socket.socket, Any, bytes], None]) -> None:
+        self._dispatch = dispatch
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._lock = threading.Lock()
+        self._incoming: list[tuple[socket.socket, Any]] = []
+        # Per connection: (client address, its deadline, the bytes read so far).
+        self._conns: dict[socket.socket, tuple[Any, float, bytearray]] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="metrics-http-reader", daemon=True)
+        self._thread.start()
+
+    def add(self, sock: socket.socket, address: Any) -> None:
+        with self._lock:
+            if self._closed:
+                sock.close()
+                return
+            self._incoming.append((sock, address))
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        with contextlib.suppress(OSError):
+            self._wake_w.send(b"x")
+        self._thread.join(5.0)
+
+    def _drop(self, sock: socket.socket) -> None:
+        self._conns.pop(sock, None)
+        with contextlib.suppress(KeyError, ValueError):
+            self._selector.unregister(sock)
+        with contextlib.suppress(OSError):
+            sock.close()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    closed = self._closed
+                    incoming, self._incoming = self._incoming, []
+                if closed:
+                    break
+                now = time.monotonic()
+                for sock, address in incoming:
+                    if len(self._conns) >= MAX_PENDING:  # the oldest (first added) goes
+                        self._drop(next(iter(self._conns)))
+                    sock.setblocking(False)
+                    self._conns[sock] = (address, now + HEADER_DEADLINE_SECONDS, bytearray())
+                    self._selector.register(sock, selectors.EVENT_READ, None)
+                for sock in [c for c, (_, d, _) in self._conns.items() if d <= now]:
+                    self._drop(sock)  # headers not in by the deadline
+                for key, _ in self._selector.select(timeout=0.5):
+                    if key.fileobj is self._wake_r:
+                        with contextlib.suppress(OSError):
+                            while self._wake_r.recv(4096):
+                                pass
+                        continue
+                    if isinstance(key.fileobj, socket.socket):
+                        self._read(key.fileobj)
+        finally:
+            for sock in list(self._conns):
+                self._drop(sock)
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _read(self, sock: socket.socket) -> None:
+        address, _, buf = self._conns[sock]
+        try:
+            chunk = sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # the client went away
+            self._drop(sock)
+            return
+        buf += chunk
+        if b"\r\n\r\n" not in buf and b"\n\n" not in buf:
+            if len(buf) > MAX_HEADER_BYTES:
+                self._drop(sock)
+            return
+        self._conns.pop(sock, None)
+        self._selector.unregister(sock)
+        sock.setblocking(True)
+        self._dispatch(sock, address, bytes(buf))
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
@@ -140,23 +250,34 @@ class _Server(ThreadingHTTPServer):
         super().server_bind()
         self._slots = threading.BoundedSemaphore(self.max_connections)
         self._refused_logged = 0.0
+        #: A connection's request as read by ``_Pending``, by its socket's id, for its handler.
+        self.preread: dict[int, bytes] = {}
+        self._pending = _Pending(self._dispatch)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        self._pending.add(request, client_address)  # never blocks the accept loop
+
+    def _dispatch(self, request: Any, client_address: Any, head: bytes) -> None:
+        """A request whose headers are in: served on a thread of its own (at most
+        ``max_connections`` at once; one more is answered 503 at once)."""
         if not self._slots.acquire(blocking=False):
             now = time.monotonic()
             if now - self._refused_logged >= 10.0:  # once per 10 s, not once per connection
                 self._refused_logged = now
                 _log.warning(
-                    "metrics server: %d connections already open; refusing more (503)",
+                    "metrics server: %d requests already being answered; refusing more (503)",
                     self.max_connections,
                 )
             with contextlib.suppress(OSError):  # the client may be gone already
+                request.settimeout(1.0)
                 request.sendall(_REFUSED)
             self.shutdown_request(request)
             return
+        self.preread[id(request)] = head
         try:
             super().process_request(request, client_address)
         except BaseException:
+            self.preread.pop(id(request), None)
             self._slots.release()
             raise
 
@@ -164,7 +285,14 @@ class _Server(ThreadingHTTPServer):
         try:
             super().process_request_thread(request, client_address)
         finally:
+            self.preread.pop(id(request), None)
             self._slots.release()
+
+    def server_close(self) -> None:
+        pending = getattr(self, "_pending", None)  # none when the bind failed
+        if pending is not None:
+            pending.close()
+        super().server_close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A scraper that hangs up mid-response is not worth a traceback on stderr.
@@ -177,7 +305,14 @@ class _Server6(_Server):
 
 def _make_handler(registry: CollectorRegistry, health: Health) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
-        timeout = 10  # a stuck client must not hold a thread (one of MAX_CONNECTIONS) for long
+        timeout = 10  # a client that does not read its answer holds a thread this long at most
+
+        def setup(self) -> None:
+            super().setup()
+            # The request's headers were read already (``_Pending``): read them from there.
+            head = getattr(self.server, "preread", {}).pop(id(self.request), b"")
+            self.rfile.close()
+            self.rfile = io.BytesIO(head)
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
 import shutil
@@ -269,33 +270,55 @@ def test_close_without_start_releases_the_port(metrics: Metrics, health: Health)
     again.close()
 
 
-def test_connections_are_capped_and_the_one_too_many_is_told_so(
-    server: MetricsServer, caplog: pytest.LogCaptureFixture
+def test_idle_and_slow_clients_hold_no_thread_and_health_is_answered_at_once(
+    server: MetricsServer,
 ) -> None:
-    """Idle connections hold at most MAX_CONNECTIONS threads; one more gets a 503 at once."""
-    from streamer.ops.health import MAX_CONNECTIONS
+    """Connections that send nothing, or a byte every second (slowloris), hold a few bytes of
+    buffer, never a handler thread: /healthz is answered while 300 of them are open, and a
+    connection whose headers are not in within the deadline is closed."""
+    from streamer.ops.health import HEADER_DEADLINE_SECONDS, MAX_PENDING
 
     before = threading.active_count()
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_CONNECTIONS)]
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(MAX_PENDING - 6)]
+    slow = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
     try:
-        # Wait until the server has taken every slot (its accept loop can lag on a busy
-        # machine; counting threads raced with it and asked before the last slot was taken).
-        slots = server._server._slots
-        deadline = time.monotonic() + 30
-        while slots._value > 0 and time.monotonic() < deadline:  # type: ignore[attr-defined]
-            time.sleep(0.02)
-        assert slots._value == 0, "the server never accepted the idle connections"  # type: ignore[attr-defined]
+        for conn in slow:
+            conn.sendall(b"G")
+        t0 = time.monotonic()
+        for _ in range(5):  # as a probe would, while the slow ones trickle
+            status, _, body = get(server, "/healthz")
+            assert status == 200 and body == b"ok\n"
+            for conn in slow:
+                conn.sendall(b"E")
+            time.sleep(0.5)
+        assert threading.active_count() <= before + 2  # no thread per connection
+        # Past the deadline the slow ones are closed however they trickle.
+        for conn in slow:
+            conn.settimeout(HEADER_DEADLINE_SECONDS + 10)
+            with contextlib.suppress(ConnectionResetError):
+                assert conn.recv(100) == b""
+        assert time.monotonic() - t0 < HEADER_DEADLINE_SECONDS + 10
+    finally:
+        for conn in idle + slow:
+            conn.close()
+
+
+def test_answers_are_capped_and_the_one_too_many_is_told_so(
+    server: MetricsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At most MAX_CONNECTIONS answers at once (clients that do not read theirs hold one
+    each, up to the handler's timeout); one more is told 503 at once."""
+    from streamer.ops.health import MAX_CONNECTIONS
+
+    slots = server._server._slots
+    for _ in range(MAX_CONNECTIONS):
+        assert slots.acquire(blocking=False)
+    try:
         with caplog.at_level("WARNING", logger="streamer.ops.health"):
             status, _, body = get(server, "/metrics")
         assert status == 503 and b"too many connections" in body
         assert "refusing more" in caplog.text
-        assert threading.active_count() <= before + MAX_CONNECTIONS
     finally:
-        for conn in idle:
-            conn.close()
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        if get(server, "/metrics")[0] == 200:
-            break
-        time.sleep(0.2)
+        for _ in range(MAX_CONNECTIONS):
+            slots.release()
     assert get(server, "/metrics")[0] == 200
