@@ -24,11 +24,14 @@ from streamer.input.offsets import OffsetTracker
 from streamer.input.stream_position import StreamPosition
 from streamer.ops.audit import AuditLog
 from streamer.ops.metrics import Metrics
-from streamer.train.errors import ModelDivergedError
+from streamer.train.errors import CheckpointsFailingError, ModelDivergedError
 
 __all__ = ["CommitSchedule", "Committer", "Save"]
 
 log = logging.getLogger(__name__)
+
+#: The longest wait between two attempts at a checkpoint that keeps failing.
+MAX_RETRY_SECONDS = 60.0
 
 #: Saves a checkpoint of ``step`` with ``offsets``; returns the offsets to commit afterwards
 #: (a cluster worker: its own partitions of the all-reduced ones), or None when the save
@@ -105,9 +108,16 @@ class Committer:
         save: Save | None,
         audit: AuditLog | None = None,
         to_group: bool = True,
+        failure_seconds: float | None = None,
+        failure_cause: Callable[[], str] | None = None,
+        directory: str = "",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``checkpoints`` and ``save`` both or neither; ``to_group`` False: a replay without
-        --replay-group commits to no group (the position still moves)."""
+        --replay-group commits to no group (the position still moves). A failed checkpoint
+        is tried again with back-off (1 s doubling to ``MAX_RETRY_SECONDS``), not at every
+        step; failures for ``failure_seconds`` in a row (None: no bound) raise
+        CheckpointsFailingError, naming ``directory`` and ``failure_cause()``."""
         self.source = source
         self.tracker = tracker
         self.position = position
@@ -119,6 +129,16 @@ class Committer:
         self.to_group = to_group
         #: ``source.revoke_commits`` as of the last checkpoint: one more is a commit past it.
         self._revokes_seen = 0
+        self.failure_seconds = failure_seconds
+        self._failure_cause = failure_cause
+        self._directory = directory
+        self._clock = clock
+        #: Since when checkpoints fail (monotonic; None while they work), how many attempts
+        #: failed since, and when the next may be tried.
+        self.failing_since: float | None = None
+        self._failed_attempts = 0
+        self._retry_at = 0.0
+        self._backoff = 0.0
         self._start_step = commits.last_step
 
     @property
@@ -142,8 +162,11 @@ class Committer:
         return self._start_step if self.checkpoints is None else self.checkpoints.last_step
 
     def checkpoint_due(self, step: int) -> bool:
-        """The checkpoint schedule is due (a cluster's chief votes for a checkpoint with it)."""
-        return self.checkpoints is not None and self.checkpoints.due(step)
+        """The checkpoint schedule is due, and after failures the back-off has passed (a
+        cluster's chief votes for a checkpoint with it)."""
+        if self.checkpoints is None or not self.checkpoints.due(step):
+            return False
+        return self.failing_since is None or self._clock() >= self._retry_at
 
     def after_step(self, step: int, *, agreed: bool | None = None, final: bool = False) -> None:
         """A step finished: checkpoint (and commit) or commit when due; neither while a
@@ -160,7 +183,9 @@ class Committer:
             # rollback always has one at or past every commit (``streamer.rollback``).
             due = agreed
             if due is None:
-                due = self.checkpoints.due(step) or self.source.revoke_commits != self._revokes_seen
+                revoked = self.source.revoke_commits != self._revokes_seen
+                retry = self.failing_since is None or self._clock() >= self._retry_at
+                due = self.checkpoint_due(step) or (revoked and retry)
             if due:
                 self.checkpoint(step)
         elif final or self.commits.due(step):
@@ -177,6 +202,21 @@ class Committer:
         # state): an export after the pass still records every partition's position.
         self.position.commit(points)
         self.commits.done(step)
+
+    def _failed(self, step: int) -> None:
+        """A checkpoint failed: the next attempt after a back-off; past ``failure_seconds``
+        of failures, CheckpointsFailingError."""
+        now = self._clock()
+        if self.failing_since is None:
+            self.failing_since, self._backoff = now, 1.0
+        else:
+            self._backoff = min(self._backoff * 2, MAX_RETRY_SECONDS)
+        self._failed_attempts += 1
+        self._retry_at = now + self._backoff
+        failing = now - self.failing_since
+        if self.failure_seconds and failing >= self.failure_seconds:
+            cause = self._failure_cause() if self._failure_cause is not None else "unknown"
+            raise CheckpointsFailingError(failing, self._failed_attempts, cause, self._directory)
 
     def rolled_back(self, step: int, positions: dict[int, int]) -> None:
         """The model went back to a checkpoint of ``step`` with these positions: the
@@ -203,8 +243,10 @@ class Committer:
             raise
         if committed is None:
             self.metrics.checkpoint(False, time.time())
+            self._failed(step)
             return False
         self.metrics.checkpoint(True, time.time())
+        self.failing_since, self._failed_attempts, self._backoff = None, 0, 0.0
         # Kafka commits follow the checkpoint: the checkpoint is the source of truth.
         self.commit(committed, step)
         self.checkpoints.done(step)

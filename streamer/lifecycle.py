@@ -101,7 +101,15 @@ class Lifecycle(Generic[StepT]):
         cfg = self.config = parts.config
         self.step = parts.step
         save = None if parts.checkpointer is None else self._save
-        self._committer = new_committer(cfg, parts.input, parts.metrics, step=self.step, save=save)
+        checkpointer = parts.checkpointer
+        self._committer = new_committer(
+            cfg,
+            parts.input,
+            parts.metrics,
+            step=self.step,
+            save=save,
+            failure_cause=None if checkpointer is None else lambda: checkpointer.last_error,
+        )
         self.status = StatusLine(
             self.status_out, cfg.status_interval, parts.metrics, lag=self.status_lag()
         )
@@ -299,6 +307,15 @@ class Lifecycle(Generic[StepT]):
         if source.topic_missing:
             self.health.set_ready(
                 False, f"topic {self.config.topic} does not exist (deleted?); waiting for it"
+            )
+            return
+        committer = self._committer
+        if committer is not None and committer.failing_since is not None:
+            seconds = time.monotonic() - committer.failing_since
+            self.health.set_ready(
+                False,
+                f"checkpoints to {self.config.checkpoint_dir} failing for {seconds:.0f}s "
+                "(commits wait for them)",
             )
             return
         self.health.set_ready(*self._readiness(source.assigned_partitions()))

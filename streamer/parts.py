@@ -476,12 +476,20 @@ def build_input(
 
 
 def new_committer(
-    cfg: WorkerConfig, inp: StreamInput, metrics: Metrics, *, step: int, save: Save | None
+    cfg: WorkerConfig,
+    inp: StreamInput,
+    metrics: Metrics,
+    *,
+    step: int,
+    save: Save | None,
+    failure_cause: Callable[[], str] | None = None,
 ) -> Committer:
     """The commit sequence of a run at ``step``: commits every --commit-every-steps /
     --commit-every-seconds, or, with ``save`` (a checkpoint directory), checkpoints every
     --checkpoint-every-steps / --checkpoint-every-seconds, each followed by the commit of
-    the same offsets. The same for the worker, a cluster's worker and ``streamer.Stream``."""
+    the same offsets; checkpoints that keep failing for --checkpoint-failure-seconds stop
+    the run (``failure_cause``: the last failure's cause, for the message). The same for the
+    worker, a cluster's worker and ``streamer.Stream``."""
     return Committer(
         inp.source,
         inp.tracker,
@@ -494,6 +502,9 @@ def new_committer(
         save=save,
         audit=inp.audit,
         to_group=cfg.commits,  # a replay without --replay-group commits to no group
+        failure_seconds=cfg.checkpoint_failure_seconds or None,
+        failure_cause=failure_cause,
+        directory=cfg.checkpoint_dir or "",
     )
 
 

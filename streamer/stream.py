@@ -342,7 +342,12 @@ class Stream:
             self.step = self._position.step if self._position is not None else 0
             save = self._save if cfg.checkpoint_dir else None
             self.committer: Committer = new_committer(
-                cfg, self._input, self.metrics, step=self.step, save=save
+                cfg,
+                self._input,
+                self.metrics,
+                step=self.step,
+                save=save,
+                failure_cause=lambda: self._checkpointer.last_error if self._checkpointer else "",
             )
             opened.pop_all()
         self._ledger = _Ledger()

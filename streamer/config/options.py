@@ -302,6 +302,13 @@ class Options:
     checkpoint_every_seconds: float = option(
         30.0, "... or every this many seconds, whichever comes first", group="training"
     )
+    checkpoint_failure_seconds: float = option(
+        600.0,
+        "how long checkpoints may keep failing (a full or read-only disk; retried with "
+        "back-off, commits waiting for them) before the worker stops with exit 1 rather than "
+        "train records it cannot save; 0: never stop",
+        group="training",
+    )
     checkpoint_keep: int = option(3, "checkpoints to keep", group="training")
     audit_log: str | None = option(
         None,

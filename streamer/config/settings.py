@@ -139,6 +139,12 @@ class WorkerConfig(Options):
         ):
             if getattr(self, name) <= 0:
                 raise ConfigError(name, getattr(self, name), "a positive number of seconds")
+        if self.checkpoint_failure_seconds < 0:
+            raise ConfigError(
+                "checkpoint_failure_seconds",
+                self.checkpoint_failure_seconds,
+                "seconds >= 0 (0: never stop)",
+            )
         if self.topic_wait_seconds < 0:
             raise ConfigError(
                 "topic_wait_seconds", self.topic_wait_seconds, "seconds >= 0 (0: no bound)"

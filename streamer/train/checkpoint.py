@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import glob
 import logging
+import os
+import shutil
 from collections.abc import Mapping
 
 import numpy as np
@@ -55,6 +58,12 @@ def read_position(
     return CheckpointPosition(path, int(value("step")), offsets, saved, saved_id)
 
 
+def _short(exc: BaseException) -> str:
+    """An I/O error as one line: TensorFlow's OpError messages carry a whole trace."""
+    text = getattr(exc, "message", None) or str(exc)
+    return text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+
+
 class Checkpointer:
     """Model, optimizer, step and per-partition offsets in one tf.train checkpoint.
 
@@ -91,6 +100,9 @@ class Checkpointer:
         )
         self._topic = tf.Variable("", dtype=tf.string, trainable=False)
         self._bundle = bundle
+        #: Saves that failed in a row (0 after a success), and the last one's cause.
+        self.failures = 0
+        self.last_error = ""
         self._ckpt = tf.train.Checkpoint(
             model=bundle.model,
             optimizer=bundle.optimizer,
@@ -178,16 +190,52 @@ class Checkpointer:
         return path
 
     def save_logged(self, step: int, offsets: Mapping[int, int]) -> str | None:
-        """``save``, said in the log; None when the write failed (a full or read-only disk:
-        logged as an error; nothing may be committed past the checkpoint before). Raises
-        ModelDivergedError as ``save`` does. The worker's and ``streamer.Stream``'s save."""
+        """``save``, said in the log; None when the write failed (a full or read-only disk;
+        nothing may be committed past the checkpoint before). One line per change of state:
+        the first failure of a run of them is an ERROR with its cause, the next ones DEBUG,
+        the first success after them says how many failed. What a failed write left behind
+        (``ckpt-N_temp``) is removed. Raises ModelDivergedError as ``save`` does. The worker's
+        and ``streamer.Stream``'s save."""
         try:
             path = self.save(step, offsets)
         except (OSError, tf.errors.OpError) as exc:
-            log.error("checkpoint failed: %s", exc)
+            self._remove_partial(step)
+            self.failures += 1
+            self.last_error = _short(exc)
+            level = logging.ERROR if self.failures == 1 else logging.DEBUG
+            log.log(
+                level,
+                "checkpoint at step %d failed: %s (retried with back-off; commits wait for a "
+                "checkpoint; said once until one succeeds)",
+                step,
+                self.last_error,
+            )
             return None
-        log.info("checkpoint %s at step %d", path, step)
+        if self.failures:
+            log.info(
+                "checkpoint %s at step %d: checkpoints work again after %d failed attempts",
+                path,
+                step,
+                self.failures,
+            )
+            self.failures = 0
+        else:
+            log.info("checkpoint %s at step %d", path, step)
         return path
+
+    def _remove_partial(self, step: int) -> None:
+        """What a failed write of ``step`` left in the directory (TensorFlow writes
+        ``ckpt-N_temp/`` and renames it when done): removed, so failures do not pile up."""
+        if not self.directory:
+            return
+        for leftover in glob.glob(os.path.join(glob.escape(self.directory), f"ckpt-{step}_temp*")):
+            try:
+                if os.path.isdir(leftover):
+                    shutil.rmtree(leftover)
+                else:
+                    os.remove(leftover)
+            except OSError as exc:
+                log.debug("could not remove %s: %s", leftover, exc)
 
     def write_copy(self, prefix: str, step: int, offsets: Mapping[int, int]) -> str:
         """The same checkpoint written to ``prefix``, outside the managed directory (a worker

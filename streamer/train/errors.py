@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from consumers.errors import StreamerError
 
-__all__ = ["ModelDivergedError"]
+__all__ = ["CheckpointsFailingError", "ModelDivergedError"]
 
 
 class ModelDivergedError(StreamerError):
@@ -23,4 +23,22 @@ class ModelDivergedError(StreamerError):
         super().__init__(
             f"the model diverged: {detail}; {kept}. Lower the learning rate (or check the "
             "model and its inputs) and restart: the worker resumes from there"
+        )
+
+
+class CheckpointsFailingError(StreamerError):
+    """Checkpoints kept failing (a full or read-only disk) for longer than
+    ``--checkpoint-failure-seconds``: the worker stops rather than train for hours what it
+    cannot save. Nothing was committed past the last good checkpoint."""
+
+    retriable = True
+
+    def __init__(self, seconds: float, attempts: int, last_error: str, directory: str) -> None:
+        self.seconds = seconds
+        super().__init__(
+            f"checkpoints to {directory} have failed for {seconds:.0f}s ({attempts} attempts; "
+            f"the last: {last_error}): stopping rather than train records that cannot be "
+            "saved. Free the disk (or make the directory writable) and restart: the worker "
+            "resumes from its last good checkpoint, and the records trained since are read "
+            "again (none was committed). --checkpoint-failure-seconds sets the bound"
         )

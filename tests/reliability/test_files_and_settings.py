@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ def _get(url: str) -> int:
 
 
 @pytest.mark.timeout(300)
-def test_exports_prune_only_their_own_versions_and_the_metrics_server_caps_connections(
+def test_exports_prune_only_their_own_versions_and_idle_clients_hold_no_endpoint(
     kafka_bootstrap: str, make_topic: Any, group_id: str, tmp_path: Path
 ) -> None:
     topic = make_topic(2)
@@ -55,28 +56,23 @@ def test_exports_prune_only_their_own_versions_and_the_metrics_server_caps_conne
     worker = start_worker(args, tmp_path / "worker.log")
     try:
         base = metrics_base(worker)
-        idle = [
-            socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])))
-            for _ in range(MAX_CONNECTIONS)
-        ]
+        # Idle and trickling connections hold no handler thread: the endpoints answer at once
+        # (32 of them once made every answer 503 until they went away).
+        port = int(base.rsplit(":", 1)[1])
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(4 * MAX_CONNECTIONS)]
         try:
-            deadline = time.monotonic() + 30
-            while (status := _get(base + "/metrics")) != 503 and time.monotonic() < deadline:
-                time.sleep(0.2)  # the accept loop takes the idle connections one by one
-            assert status == 503, f"{MAX_CONNECTIONS} idle connections, /metrics still {status}"
+            for conn in idle[:MAX_CONNECTIONS]:
+                conn.sendall(b"GET /met")  # and never the rest
+            assert _get(base + "/metrics") == 200
+            assert _get(base + "/healthz") == 200
         finally:
             for conn in idle:
                 conn.close()
-        deadline = time.monotonic() + 30
-        while (status := _get(base + "/metrics")) != 200 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert status == 200, "the metrics server did not serve again"
         code = worker.wait(180)
     finally:
         worker.kill()
     assert code == 0, worker.tail()
     assert sum(read_audit(audit, topic).values()) == RECORDS
-    assert "refusing more (503)" in worker.log()
     # What the worker did not write is untouched; of its own versions, the newest 2 are kept.
     assert (export_dir / "2019" / "report.txt").read_text(encoding="utf-8") == "mine"
     assert (export_dir / ".tmp-notes" / "n.txt").read_text(encoding="utf-8") == "notes"
@@ -129,3 +125,75 @@ def test_a_setting_of_the_wrong_type_is_exit_2_before_the_group_is_joined(
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert committed_offsets(kafka_bootstrap, group_id, topic) == {0: None}
     assert end_offsets(kafka_bootstrap, topic) == {0: 100}
+
+
+def _in_ci() -> bool:
+    import os
+
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+@pytest.mark.timeout(300)
+def test_a_full_checkpoint_disk_is_one_line_not_ready_retried_and_then_a_clear_stop(
+    tmp_path: Path,
+) -> None:
+    """A 8 MiB tmpfs as --checkpoint-dir, filled while the worker trains (on the simulator):
+    one ERROR line (not ten a second), /readyz 503 naming the checkpoints, no ckpt-N_temp left
+    behind; freed, checkpoints work again; filled again, past --checkpoint-failure-seconds
+    the worker stops with exit 1 and a message that says what to do."""
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True
+    )
+    if mounted.returncode != 0:
+        if _in_ci():
+            pytest.fail(f"CI must be able to mount a tmpfs: {mounted.stderr!r}")
+        pytest.skip("mounting a tmpfs needs root")  # a developer's machine without it
+    filler = disk / "filler"
+
+    def fill() -> None:
+        with open(filler, "wb") as fh, contextlib.suppress(OSError):
+            while True:
+                fh.write(b"\0" * (1 << 16))
+
+    ckpt = disk / "ckpt"
+    port = free_port()
+    args = [
+        *("--checkpoint-dir", str(ckpt), "--checkpoint-every-steps", "20"),
+        *("--checkpoint-failure-seconds", "15", "--batch-size", "32", "--sim-rate", "3000"),
+        *("--metrics-port", str(port), "--status-interval", "1"),
+    ]
+    worker = start_worker(args, tmp_path / "worker.log")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        worker.wait_for(lambda: any(ckpt.glob("ckpt-*.index")), 120, "a first checkpoint")
+        worker.wait_for(lambda: _get(base + "/readyz") == 200, 60, "ready")
+        fill()
+        worker.wait_for(
+            lambda: "checkpoint at step" in worker.log() and "failed" in worker.log(),
+            60,
+            "a failed checkpoint",
+        )
+        worker.wait_for(lambda: _get(base + "/readyz") == 503, 10, "not ready")  # a 1 s watch
+        status, body = http_get(base + "/readyz")
+        assert status == 503 and "checkpoints to" in body, body
+        time.sleep(5)  # steps go on meanwhile (at ~90 steps/s: hundreds of due checkpoints)
+        filler.unlink()
+        worker.wait_for(lambda: "work again" in worker.log(), 60, "checkpoints working again")
+        worker.wait_for(lambda: _get(base + "/readyz") == 200, 30, "ready again")
+        fill()
+        code = worker.wait(120)
+    finally:
+        worker.kill()
+        leftovers = sorted(p.name for p in ckpt.glob("*_temp*"))
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True)
+    assert not leftovers, leftovers  # a failed write's temp files are removed
+    log = worker.log()
+    assert code == 1, worker.tail()
+    assert "have failed for" in log and "Free the disk" in log, worker.tail()
+    errors = [ln for ln in log.splitlines() if " ERROR " in ln and "checkpoint at step" in ln]
+    assert len(errors) == 2, errors  # one per run of failures, not one per step
+    assert "Traceback" not in log, worker.tail()

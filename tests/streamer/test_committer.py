@@ -173,3 +173,47 @@ def test_without_checkpoints_a_final_step_commits_whatever_the_schedule() -> Non
     committer.after_step(2, agreed=False, final=True)
     assert source.commits == [{0: 9}]
     assert committer.checkpointed_step == 0  # no checkpoints: the run's first step
+
+
+def test_a_failing_checkpoint_is_retried_with_back_off_then_stops_the_run() -> None:
+    """Not at every step (198 ERROR lines in 20 s of a full disk once): 1 s doubling, and
+    past the bound a typed error that names the directory and the cause."""
+    from streamer.train.errors import CheckpointsFailingError
+
+    now = [0.0]
+    attempts: list[int] = []
+    works = [False]
+
+    def save(step: int, offsets: dict[int, int]) -> dict[int, int] | None:
+        attempts.append(step)
+        return offsets if works[0] else None
+
+    source, tracker, position = _Source(), OffsetTracker(), StreamPosition()
+    metrics = Metrics("t", version="v", tensorflow_version="v", kafka_python_version="v")
+    committer = Committer(
+        source,
+        tracker,
+        position,
+        metrics,
+        commits=CommitSchedule(1, 10.0**9, clock=lambda: now[0]),
+        checkpoints=CommitSchedule(1, 10.0**9, clock=lambda: now[0]),
+        save=save,
+        failure_seconds=30.0,
+        failure_cause=lambda: "No space left on device",
+        directory="/ckpt",
+        clock=lambda: now[0],
+    )
+    for step in range(1, 101):  # 100 steps in 10 s: attempts at 0, 1, 3, 7 s
+        now[0] = step / 10
+        committer.after_step(step)
+    assert len(attempts) == 4 and committer.failing_since == pytest.approx(0.1)
+    assert source.commits == []  # commits follow checkpoints
+    works[0] = True
+    now[0] = 16.0  # the back-off (8 s after the attempt at 7.1 s) has passed: it works again
+    committer.after_step(101)
+    assert committer.failing_since is None and source.commits
+    works[0] = False
+    with pytest.raises(CheckpointsFailingError, match=r"/ckpt have failed for 3\ds.*No space"):
+        for step in range(102, 1000):
+            now[0] += 0.5
+            committer.after_step(step)
