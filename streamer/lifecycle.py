@@ -190,7 +190,13 @@ class Lifecycle(Generic[StepT]):
         restart would train everything after it again. The shards stop reading (again: a
         stop that came as a pass began was cleared by its resume()); returns the deadline."""
         seconds = self._drain_seconds()
-        log.info("stopping: training the records already read first (at most %.0fs)", seconds)
+        log.info(
+            "stopping: training the records already read first (at most %.0fs), then the "
+            "checkpoint, the commits and the shards' close (the whole stop within %.0fs, "
+            "--shutdown-timeout)",
+            seconds,
+            self.config.shutdown_timeout,
+        )
         self.built.source.stop()
         return time.monotonic() + seconds
 

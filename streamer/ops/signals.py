@@ -73,7 +73,15 @@ class StopOnSignal:
             self.log.error("%s again after %.0fs: exiting at once", name, now - self.first_at)
             os._exit(128 + signum)
         self.first_at = now
-        self.log.info("%s: %s", name, self.plan)
+        # The bound said is the real one: the watchdog below ends the process at it.
+        self.log.info(
+            "%s: %s, within %.0fs (--shutdown-timeout; the same signal again after %.0fs "
+            "exits at once)",
+            name,
+            self.plan,
+            self.timeout,
+            self.grace,
+        )
         self.stop(StopReason.signal(name))
         timeout, finished, log = self.timeout, self.finished, self.log
 

@@ -631,4 +631,6 @@ def test_ctrl_c_as_shard_processes_start_prints_no_child_traceback_and_writes_no
                 proc.wait(30)
         assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
         assert proc.returncode == 0, err[-4000:]
+        # The bound it states is the whole stop's (the watchdog's), not only the drain's.
+        assert "within 25s (--shutdown-timeout" in err, err[-4000:]
         assert not list(ckpt.glob("ckpt-*")), sorted(p.name for p in ckpt.iterdir())
