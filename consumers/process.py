@@ -21,6 +21,7 @@ import pickle
 import shlex
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -501,9 +502,14 @@ def _child_launcher() -> str | None:
     (``trap '' INT TERM; exec python``): an ignored signal stays ignored across ``exec``, and
     Python then installs no KeyboardInterrupt handler, so a Ctrl-C to the process group
     while a child starts (its interpreter, its imports) reaches nothing in it. Made once per
-    process in a private temporary directory (removed at exit); None where none can be made
-    (no /bin/sh, a read-only /tmp): the child then ignores them from its first line on
-    (``_CHILD_START``), a window of its interpreter's start-up."""
+    process in a private temporary directory (removed at exit) and tried once; None where
+    none can be made or run (no /bin/sh, a read-only or noexec /tmp): the child then ignores
+    them from its first line on (``_CHILD_START``), a window of its interpreter's start-up.
+
+    The spawn's executable and ``__main__``'s file are process-wide: another thread's own
+    ``multiprocessing`` spawn in the same instant (a user's, in a script that uses
+    ``streamer.Stream``) would start through them too (a child that ignores the terminal's
+    signals); the swap lasts only as long as ``Process.start()``."""
     global _launcher, _launcher_tried
     if _launcher_tried:
         return _launcher
@@ -522,7 +528,9 @@ def _child_launcher() -> str | None:
                 f'exec {shlex.quote(os.fsdecode(python))} "$@"\n'
             )
         os.chmod(path, 0o700)
-    except OSError as exc:
+        # A /tmp mounted noexec takes the file but not its exec: try it once.
+        subprocess.run([path, "-c", "pass"], check=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
         log.debug("no launcher for shard children (%s): they ignore signals once started", exc)
         return None
     atexit.register(shutil.rmtree, directory, True)

@@ -25,7 +25,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import threading
 import time
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from consumers.errors import ConfigError
+from consumers.settings import Secret
 from streamer.config import WorkerConfig, load_config
 from streamer.config.loading import unknown_name
 from streamer.config.options import OPTIONS
@@ -57,6 +57,7 @@ __all__ = ["Batch", "Stream"]
 log = logging.getLogger(__name__)
 
 _OPTION_NAMES = frozenset(o.name for o in OPTIONS)
+_DEFAULTS = {o.name: o.default for o in OPTIONS}
 
 #: Options of ``streamer run`` that belong to the training loop, which is the user's here:
 #: what to use instead. Given to a ``Stream`` (a keyword, the file or a STREAMER_* variable)
@@ -189,14 +190,8 @@ class _Ledger:
         with self._lock:
             k = min(n, len(self._batches))
             out = [self._batches.popleft() for _ in range(k)]
-        if k < n:
-            log.error(
-                "Keras reported %d batches trained, but only %d left the dataset since the "
-                "last report: their records are not acknowledged (nothing is committed past "
-                "them)",
-                n,
-                k,
-            )
+        if k < n:  # the data ended inside a call of several steps: Keras counts them all
+            log.debug("Keras reported %d steps done, %d batches had left the dataset", n, k)
         return out
 
     def __len__(self) -> int:
@@ -236,7 +231,7 @@ class Stream:
         for name, var in _SECRETS.items():
             secret = settings.pop(name, None)
             if secret is not None:
-                env[var] = str(secret)
+                env[var] = secret.get() if isinstance(secret, Secret) else str(secret)
         given: Schema | None = None
         schema = settings.get("schema")
         if isinstance(schema, Schema):
@@ -255,6 +250,7 @@ class Stream:
                 raise unknown_name(name, sorted(_OPTION_NAMES), "setting of streamer.Stream")
         sources: dict[str, str] = {}
         config = load_config(settings, env, sources=sources, own_model=True)
+        ignored: dict[str, Any] = {}
         for name, instead in LOOP_OPTIONS.items():
             came = sources.get(name, "default")
             if came == "default":
@@ -262,11 +258,12 @@ class Stream:
             why = f"a setting of streamer run's own training loop; with your model: {instead}"
             if came.startswith("STREAMER_"):  # the worker's environment, beside a script
                 log.warning("%s ignored: %s", came, why)
+                ignored[name] = _DEFAULTS[name]
                 continue
             raise ConfigError(name, getattr(config, name), why)
         if config.replay is not None:  # pragma: no cover - load_config sets none here
             raise ConfigError("replay", "(set)", "streamer replay is a command, not a Stream")
-        changes: dict[str, Any] = {}
+        changes: dict[str, Any] = dict(ignored)
         if sources.get("metrics_port") == "default":
             changes["metrics_port"] = 0  # a library serves nothing unless asked
         if sources.get("idle_timeout") == "default":
@@ -453,7 +450,9 @@ class Stream:
         """The stream's batches for a loop of your own: give each back to ``trained(batch)``
         once the model trained on it (what was not given back is never committed). One
         pass: the shards join the group at the first batch and leave it, after the final
-        checkpoint or commit, when the loop ends (``break`` included).
+        checkpoint or commit, when the generator ends: exhausted, closed (``close()``, or
+        released after a ``break``), or at ``Stream.close()``. A generator: nothing (the
+        restore, a missing model's error) happens before its first batch is asked for.
 
         ``model``: the model being trained (required with ``checkpoint_dir``: the checkpoint
         holds it; it is restored here before the first batch)."""
@@ -513,9 +512,9 @@ class Stream:
                 "a Stream trains one model (its checkpoints and position are that model's): "
                 "a Stream per model",
             )
-        self._model = model
         cfg = self.config
         if not cfg.checkpoint_dir:
+            self._model = model
             return
         import keras
 
@@ -547,12 +546,13 @@ class Stream:
         checkpointer = Checkpointer(
             cfg.checkpoint_dir, bundle, topic=cfg.topic, keep=cfg.checkpoint_keep
         )
-        if cfg.bootstrap is not None:
-            checkpointer.adopt_topic_id(self._topic.topic_id)
-        self._checkpointer = checkpointer
+        step = self.step
         if self._position is not None:
             step, _ = checkpointer.restore_path(self._position.path)
-            self.step = step
+        if cfg.bootstrap is not None:  # after the restore: it compares the restored topic id
+            checkpointer.adopt_topic_id(self._topic.topic_id)
+        # Bound only now: a model refused above may be fixed and given again.
+        self._model, self._checkpointer, self.step = model, checkpointer, step
 
     def _begin(self) -> None:
         """A pass begins (a fit's train begin, a loop's first batch): shards of an iterator
@@ -568,6 +568,7 @@ class Stream:
         self._ledger.open()
         source.resume()
         source.begin_pass()
+        source.exclusive_pass = True  # a second iterator now would mix into the ledger
         self._training = True
         self._last = time.perf_counter()
         self.health.beat("trainer")
@@ -598,7 +599,6 @@ class Stream:
             inp.audit.add(partition, offset)  # before the tracker: never behind a commit
         inp.tracker.ack(partition, offset)
         per = seconds / len(batches)
-        reported = math.nan if loss is None else loss
         if len(batches) > 1:
             wait = None
         elif wait is None and began is not None:
@@ -606,7 +606,7 @@ class Stream:
             # look-ahead): the wait is from the step's start until the batch left the dataset.
             wait = max(0.0, batches[0].taken_at - began)
         for b in batches:
-            self.metrics.observe_step(len(b.offset), per, wait, reported)
+            self.metrics.observe_step(len(b.offset), per, wait, loss)
         self.metrics.observe_trained(partition, offset, timestamp, time.time())
         self.health.beat("trainer")
         self.step += len(batches)
@@ -619,6 +619,7 @@ class Stream:
         if not self._training:
             return
         self._training = False
+        self._input.source.exclusive_pass = False
         left = self._ledger.close()
         if left:
             log.debug("%d batches taken and not trained: read again by the next pass", left)

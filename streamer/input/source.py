@@ -164,6 +164,9 @@ class StreamSource:
         self.failure: BaseException | None = None
         self._names = [f.name for f in schema.features]
         self._with_epochs = False  # set by dataset(): rows carry their assignment epoch
+        #: While set, an iteration that would begin a new pass (a second iterator beside the
+        #: one training) is refused (``streamer.Stream``: one fit at a time per stream).
+        self.exclusive_pass = False
 
     @classmethod
     def open(
@@ -323,10 +326,20 @@ class StreamSource:
     def _generate(self, shard_index: Any, num_shards: Any) -> Iterator[np.int64]:
         k, n = int(shard_index), int(num_shards)
         with self._lock:
-            if self._opened_in_pass >= n:
-                self._begin_pass_locked()
-            self._opened_in_pass += 1
+            second = self._opened_in_pass >= n and self.exclusive_pass
+            if not second:
+                if self._opened_in_pass >= n:
+                    self._begin_pass_locked()
+                self._opened_in_pass += 1
             stop = self._stop  # this pass's: a resume() after it gives later passes their own
+        if second:
+            raise ConfigError(
+                "dataset",
+                "a second iteration",
+                "this stream's dataset is being trained on (a fit or a loop): one iteration "
+                "at a time (validation_data needs a dataset of its own: another Stream, or a "
+                "tf.data.Dataset of held-out records)",
+            )
         if stop.is_set():
             return  # a pass stopped before its shards opened: open none (a consumer that
             # joins a group only to leave it costs the group two rebalances)

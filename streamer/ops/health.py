@@ -156,6 +156,7 @@ class _Pending:
         self._selector = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)  # a full wake pipe already says "wake up"
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._lock = threading.Lock()
         self._incoming: list[tuple[socket.socket, Any]] = []
@@ -167,7 +168,7 @@ class _Pending:
 
     def add(self, sock: socket.socket, address: Any) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or not self._thread.is_alive():
                 sock.close()
                 return
             self._incoming.append((sock, address))
@@ -200,9 +201,14 @@ class _Pending:
                 for sock, address in incoming:
                     if len(self._conns) >= MAX_PENDING:  # the oldest (first added) goes
                         self._drop(next(iter(self._conns)))
-                    sock.setblocking(False)
+                    try:
+                        sock.setblocking(False)
+                        self._selector.register(sock, selectors.EVENT_READ, None)
+                    except (OSError, ValueError):  # closed by the client already
+                        with contextlib.suppress(OSError):
+                            sock.close()
+                        continue
                     self._conns[sock] = (address, now + HEADER_DEADLINE_SECONDS, bytearray())
-                    self._selector.register(sock, selectors.EVENT_READ, None)
                 for sock in [c for c, (_, d, _) in self._conns.items() if d <= now]:
                     self._drop(sock)  # headers not in by the deadline
                 for key, _ in self._selector.select(timeout=0.5):
@@ -212,7 +218,11 @@ class _Pending:
                                 pass
                         continue
                     if isinstance(key.fileobj, socket.socket):
-                        self._read(key.fileobj)
+                        try:
+                            self._read(key.fileobj)
+                        except Exception:  # one connection's trouble, never the reader's end
+                            _log.debug("metrics server: dropping a connection", exc_info=True)
+                            self._drop(key.fileobj)
         finally:
             for sock in list(self._conns):
                 self._drop(sock)

@@ -472,3 +472,40 @@ def test_between_fits_the_script_is_not_a_stall_and_not_ready() -> None:
         with pytest.raises(urllib.error.HTTPError) as ready:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10)
         assert ready.value.code == 503 and b"between passes" in ready.value.read()
+
+
+def test_one_iteration_at_a_time_and_a_refused_model_can_be_fixed(tmp_path: Path) -> None:
+    """validation_data=stream.dataset() would mix a second iterator's batches into what the
+    callback acknowledges: refused, naming the fix. A model refused at train begin (no
+    weights yet to restore into) is bound once fixed, with its checkpoint."""
+
+    class Unbuilt(keras.Model):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, x: dict[str, object]) -> object:
+            return self.dense(x["x"])
+
+    with streamer.Stream(batch_size=8, checkpoint_dir=str(tmp_path / "ckpt")) as stream:
+        model = Unbuilt()
+        model.compile(optimizer="adam", loss="mse")
+        with pytest.raises(ConfigError, match="no weights yet"):
+            model.fit(stream.dataset(), steps_per_epoch=2, callbacks=[stream.callback()])
+        model({"x": np.zeros((1, 16), np.float32)})  # built now
+        model.fit(stream.dataset(), steps_per_epoch=2, callbacks=[stream.callback()], verbose=0)
+        assert stream.step == 2 and (tmp_path / "ckpt" / "ckpt-2.index").exists()
+        with pytest.raises(Exception, match="one iteration at a time"):
+            model.fit(
+                stream.dataset(),
+                steps_per_epoch=2,
+                validation_data=stream.dataset(),
+                validation_steps=1,
+                callbacks=[stream.callback()],
+                verbose=0,
+            )
+
+
+def test_the_worker_loop_settings_from_the_environment_are_not_applied() -> None:
+    with streamer.Stream(env={"STREAMER_PASS_RECORDS": "16", "STREAMER_MAX_STEPS": "3"}) as s:
+        assert s.config.pass_records is None and s.config.max_steps is None
