@@ -567,11 +567,12 @@ class Metrics:
         if parts.size == 0:
             return
         has_time = stamps >= 0
-        past = has_time & (stamps < SKEW_FLOOR_MS)
-        if past.any():  # a producer's clock far behind (1970: an unset clock): no age at all
-            self.records_clock_skewed.labels(self.topic).inc(int(np.count_nonzero(past)))
-            has_time &= ~past
-            stamps = np.where(past, -1, stamps)  # nor the partition's freshness
+        if int(stamps.min()) < SKEW_FLOOR_MS:  # one reduction in the common case: none
+            past = has_time & (stamps < SKEW_FLOOR_MS)
+            if past.any():  # a producer's clock far behind (1970: an unset clock): no age
+                self.records_clock_skewed.labels(self.topic).inc(int(np.count_nonzero(past)))
+                has_time &= ~past
+                stamps = np.where(past, -1, stamps)  # nor the partition's freshness
         ages = now - stamps[has_time] / 1000.0
         future = int(np.count_nonzero(ages < 0))
         if future:  # a producer's clock runs ahead of ours: never a negative age
