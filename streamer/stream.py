@@ -405,10 +405,16 @@ class Stream:
         ``features`` is a dict of every input feature of the schema, or, with ``model``,
         exactly the inputs that model declares. Each iteration (each ``fit``) is one pass:
         its shards join the group as it starts. Train it with ``callbacks=[stream.callback()]``:
-        without the callback nothing is committed.
+        without the callback nothing is committed. One iteration at a time: a second one while
+        a fit trains on it (``validation_data=stream.dataset()``) is refused. A pass left open
+        by a fit that raised ends here (what it trained is committed).
         """
         import tensorflow as tf
 
+        if self._training:
+            # A fit that raised never reached its train end: its pass ends here (what it
+            # trained is committed), so the next fit's iterators are not a second iteration.
+            self._end()
         inputs = self._columns(model)
         key = inputs
         if key not in self._keras:

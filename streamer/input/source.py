@@ -338,7 +338,8 @@ class StreamSource:
                 "a second iteration",
                 "this stream's dataset is being trained on (a fit or a loop): one iteration "
                 "at a time (validation_data needs a dataset of its own: another Stream, or a "
-                "tf.data.Dataset of held-out records)",
+                "tf.data.Dataset of held-out records; after a fit that raised, call "
+                "stream.dataset() again for the next one)",
             )
         if stop.is_set():
             return  # a pass stopped before its shards opened: open none (a consumer that

@@ -255,6 +255,9 @@ class _Pending:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
+    #: The listen backlog: connections arriving faster than the accept loop takes them
+    #: (a burst of probes and scrapes) wait here instead of being refused.
+    request_queue_size = 128
 
     def server_bind(self) -> None:
         super().server_bind()

@@ -29,9 +29,8 @@ class ModelDivergedError(StreamerError):
 class CheckpointsFailingError(StreamerError):
     """Checkpoints kept failing (a full or read-only disk) for longer than
     ``--checkpoint-failure-seconds``: the worker stops rather than train for hours what it
-    cannot save. Nothing was committed past the last good checkpoint."""
-
-    retriable = True
+    cannot save. Nothing was committed past the last good checkpoint. Not retriable: a
+    restart helps only once the disk has room."""
 
     def __init__(self, seconds: float, attempts: int, last_error: str, directory: str) -> None:
         self.seconds = seconds

@@ -31,7 +31,7 @@ from consumers.errors import (
     TopicNotFoundError,
 )
 from streamer.input.errors import PipelineError, RejectLimitError
-from streamer.train.errors import ModelDivergedError
+from streamer.train.errors import CheckpointsFailingError, ModelDivergedError
 
 #: One instance of every error, as the code raises them.
 EXAMPLES: dict[type[StreamerError], StreamerError] = {
@@ -52,6 +52,7 @@ EXAMPLES: dict[type[StreamerError], StreamerError] = {
     PipelineError: PipelineError("the input pipeline", "InvalidArgumentError"),
     ShardFailedError: ShardFailedError(1, RuntimeError("poller died")),
     ModelDivergedError: ModelDivergedError("5 steps with a NaN loss", "ckpt-12"),
+    CheckpointsFailingError: CheckpointsFailingError(612.0, 14, "No space left on device", "/ckpt"),
     RejectLimitError: RejectLimitError("60% of 1000 records", "dtype: x", {0: 17}),
 }
 

@@ -180,11 +180,11 @@ def test_a_build_that_fails_part_way_closes_what_it_opened(tmp_path: Path) -> No
             "checkpoint_dir": str(tmp_path / "ckpt"),
             "metrics_port": str(port),
             "metrics_host": "127.0.0.1",
-            "model": "no_such_module_here:build",
+            "model": "examples.keras_model:no_such_function",
         },
         env={},
     )
-    with pytest.raises(ConfigError, match="cannot import no_such_module_here"):
+    with pytest.raises(ConfigError, match="has no function no_such_function"):
         build_parts(config, LocalPlan(), health=Health(60.0), stop=threading.Event())
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # the server's port was freed
