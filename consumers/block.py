@@ -9,7 +9,19 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Prepared", "RecordBlock"]
+__all__ = ["Original", "Prepared", "RecordBlock"]
+
+
+@dataclass(frozen=True, slots=True)
+class Original:
+    """One record as its producer wrote it: what a block does not carry (the hot path moves
+    values only; a dead letter is read back whole: ``RecordReader``). ``value`` is None for a
+    tombstone; ``headers`` are (name, bytes) pairs; ``timestamp`` in ms."""
+
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]]
+    timestamp: int
 
 
 class Prepared(Protocol):

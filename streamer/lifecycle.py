@@ -37,6 +37,7 @@ from streamer.train.errors import ModelDivergedError
 from streamer.train.nonfinite import NonFiniteSteps, describe_offsets
 
 if TYPE_CHECKING:
+    from streamer.input.deadletter import DeadLetterWriter
     from streamer.input.source import StreamSource
 
 __all__ = ["Lifecycle"]
@@ -250,15 +251,20 @@ class Lifecycle(Generic[StepT]):
         self.health.beat("trainer")
         limit = self.config.max_nonfinite_steps
         stop = self.nonfinite.skipped(partition, offset)
+        letters = self._dead_letters()
         log.warning(
             "step %d: loss or a gradient not finite%s: update skipped, model unchanged (%d "
-            "records, partition:offsets %s); %d in a row, the worker stops at %d",
+            "records, partition:offsets %s); %d in a row, the worker stops at %d; once a step "
+            "is applied, these records %s",
             self.step + 1,
             " on some worker (skipped on every worker)" if everywhere else "",
             len(offset),
             describe_offsets(partition, offset) or "-",
             self.nonfinite.in_a_row,
             limit,
+            f"go to the dead-letter topic {letters.topic!r} (reason nonfinite_step)"
+            if letters is not None
+            else "are committed past, untrained (--dead-letter-topic would keep them)",
         )
         if stop:
             checkpointer = self.built.checkpointer
@@ -270,9 +276,23 @@ class Lifecycle(Generic[StepT]):
             )
 
     def applied_step(self, ack: Callable[[np.ndarray, np.ndarray], None]) -> None:
-        """A step was applied: the records of the run of skipped steps before it are done."""
-        for part, off in self.nonfinite.applied():
-            ack(part, off)
+        """A step was applied: the records of the run of skipped steps before it are done: sent
+        to the dead-letter topic (reason ``nonfinite_step``; done once written), or
+        acknowledged at once without one."""
+        held = self.nonfinite.applied()
+        if not held:
+            return
+        letters = self._dead_letters()
+        for part, off in held:
+            if letters is None:
+                ack(part, off)
+            else:
+                letters.send_held(self.config.topic, part, off)
+
+    def _dead_letters(self) -> DeadLetterWriter | None:
+        """The dead-letter writer, where the run has one (and its input is open)."""
+        source = self.source
+        return None if source is None else source.dead_letter
 
     # ---- watching -------------------------------------------------------------------------------
 

@@ -321,11 +321,12 @@ def dead_letter_writer(
     metrics: Metrics,
 ) -> DeadLetterWriter | None:
     """The dead-letter topic (created, sized to the source's max.message.bytes) and its
-    writer, whose acknowledged letters count as done records; None without
-    --dead-letter-topic."""
+    writer, whose acknowledged letters count as done records, each the original record read
+    back from the source (key, value, headers); None without --dead-letter-topic."""
     if not config.dead_letter_topic:
         return None
     from consumers.admin import ensure_topic
+    from consumers.clients.kafka_python import RecordReader
     from streamer.input.deadletter import DeadLetterWriter
 
     sized = ensure_topic(
@@ -347,6 +348,7 @@ def dead_letter_writer(
         security=consumer.security.kafka_config(),
         max_message_bytes=sized.max_message_bytes,
         max_record_bytes=sized.source_max_message_bytes,
+        reader=RecordReader(consumer),
     )
 
 

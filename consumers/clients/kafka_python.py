@@ -24,7 +24,7 @@ from kafka.coordinator.assignors.range import RangePartitionAssignor
 from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
 from kafka.structs import MemberState, OffsetAndMetadata
 
-from consumers.block import RecordBlock
+from consumers.block import Original, RecordBlock
 from consumers.clients import kafka_python_internals as internals
 from consumers.clients.base import (
     CommitCallback,
@@ -53,6 +53,7 @@ from consumers.settings import ConsumerSettings, SecuritySettings
 __all__ = [
     "GroupCheck",
     "KafkaPythonClient",
+    "RecordReader",
     "connect",
     "consumer_config",
     "open_client",
@@ -309,6 +310,97 @@ def read_values(
                 yield [r.value for r in records]
     finally:
         consumer.close(autocommit=False)
+
+
+#: ``RecordReader``: a wanted offset further than this past the reader's position is sought,
+#: not read up to.
+_READ_GAP = 2_000
+
+
+class RecordReader:
+    """Records of ``settings.topic`` read back by their coordinates, whole: key, value (None
+    for a tombstone), headers and timestamp. For the dead-letter writer, so that a letter
+    carries the original record although the hot path moves values only.
+
+    A group-less consumer of its own (made at the first read, kept until ``close``), with the
+    source's isolation level, security and inflation bound. An offset the topic no longer
+    holds (retention, compaction) is missing from the answer; no answer within
+    ``timeout_seconds`` raises ``RetriableClientError``.
+    """
+
+    def __init__(self, settings: ConsumerSettings, *, timeout_seconds: float = 15.0) -> None:
+        self.settings = settings
+        self.timeout_seconds = timeout_seconds
+        self._consumer: Any = None
+
+    def _open(self) -> Any:
+        if self._consumer is None:
+            protect(self.settings.security)
+            cfg = consumer_config(self.settings, 0)
+            for key in ("group_instance_id", "partition_assignment_strategy"):
+                cfg.pop(key, None)
+            cfg.update(
+                group_id=None,
+                client_id=f"{cfg['client_id']}-reader",
+                # A record gone since (retention): the read starts at the log's start and the
+                # record is reported missing.
+                auto_offset_reset="earliest",
+            )
+            try:
+                self._consumer = KafkaConsumer(**cfg)
+            except Exception as exc:
+                raise RetriableClientError(f"opening a reader: {type(exc).__name__}") from exc
+        return self._consumer
+
+    def read(self, partition: int, offsets: list[int]) -> dict[int, Original]:
+        """The records at ``offsets`` of ``partition`` that the topic still holds."""
+        wanted = sorted(set(offsets))
+        found: dict[int, Original] = {}
+        if not wanted:
+            return found
+        consumer = self._open()
+        tp = TopicPartition(self.settings.topic, partition)
+        refused: list[RefusedBatch] = []
+        deadline = time.monotonic() + self.timeout_seconds
+        i = 0
+        try:
+            consumer.assign([tp])
+            while i < len(wanted):
+                consumer.seek(tp, wanted[i])
+                while i < len(wanted):
+                    if time.monotonic() > deadline:
+                        raise RetriableClientError(
+                            f"reading back {self.settings.topic}/{partition}@{wanted[i]}: "
+                            f"no answer in {self.timeout_seconds}s"
+                        )
+                    with internals.bounded_inflation(self.settings.inflate_bound, refused):
+                        polled = consumer.poll(timeout_ms=500)
+                    for r in polled.get(tp, ()):
+                        if wanted[i] <= r.offset <= wanted[-1]:
+                            found[r.offset] = Original(
+                                r.key, r.value, list(r.headers or ()), r.timestamp
+                            )
+                    position = consumer.position(tp)
+                    while i < len(wanted) and wanted[i] < position:
+                        i += 1
+                    if i < len(wanted) and wanted[i] - position > _READ_GAP:
+                        break  # seek to the next wanted offset
+        except RetriableClientError:
+            raise
+        except kerrors.KafkaError as exc:
+            raise RetriableClientError(
+                f"reading back {self.settings.topic}/{partition}: {type(exc).__name__}"
+            ) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                consumer.assign([])
+        return {o: found[o] for o in wanted if o in found}
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            with contextlib.suppress(Exception):
+                self._consumer.close(autocommit=False)
+            self._consumer = None
 
 
 def open_client(settings: ConsumerSettings, shard_index: int) -> KafkaPythonClient:

@@ -1,4 +1,10 @@
-"""DeadLetterWriter: records that fail to decode go to a dead-letter topic, done once acknowledged.
+"""DeadLetterWriter: records that fail to decode, and the records of skipped non-finite steps,
+go to a dead-letter topic, done once acknowledged.
+
+A letter is the original record, read back from the source topic by its coordinates (the hot
+path carries values only): its key, value (a tombstone stays a tombstone) and headers, as
+Kafka Connect's dead-letter queue keeps them, with headers of our own beside them: the source
+topic, partition, offset and timestamp, and the reason.
 
 A dead letter always advances: a letter the dead-letter topic can never take (too large,
 invalid) is written again without its value, so the source partition's commit point moves on.
@@ -14,8 +20,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from consumers.block import Original
 from consumers.producer import is_permanent, new_producer
 
 __all__ = [
@@ -24,9 +31,12 @@ __all__ = [
     "HEADER_ORIGINAL_SIZE",
     "HEADER_PARTITION",
     "HEADER_REASON",
+    "HEADER_TIMESTAMP",
     "HEADER_TOPIC",
+    "REASON_NONFINITE_STEP",
     "DeadLetterBacklogFull",
     "DeadLetterWriter",
+    "SourceReader",
 ]
 
 log = logging.getLogger(__name__)
@@ -34,11 +44,18 @@ log = logging.getLogger(__name__)
 HEADER_TOPIC = "streamer.input.source.topic"
 HEADER_PARTITION = "streamer.input.source.partition"
 HEADER_OFFSET = "streamer.input.source.offset"
+HEADER_TIMESTAMP = "streamer.input.source.timestamp"
 HEADER_REASON = "streamer.reason"
+#: The reason of the records of a step skipped because its loss or gradients were not finite
+#: (the decoder's reasons: ``consumers.types.REASONS``).
+REASON_NONFINITE_STEP = "nonfinite_step"
 #: Header-only letters: the rejected record's size in bytes (its value is not in the letter).
 HEADER_ORIGINAL_SIZE = "streamer.original.size"
-#: Header-only letters: the name of the produce error that refused the whole letter.
+#: Header-only letters: the name of the produce error that refused the whole letter, or
+#: ``SourceRecordGone`` where the source topic no longer held a record to read back.
 HEADER_ERROR = "streamer.produce.error"
+#: The error of a letter whose record the source topic no longer holds (retention, compaction).
+GONE = "SourceRecordGone"
 
 Done = Callable[[int, int], None]
 
@@ -53,6 +70,14 @@ _DEFAULT_MAX_REQUEST = 16 * 1024 * 1024
 _REQUEST_HEADROOM = 64 * 1024
 
 
+class SourceReader(Protocol):
+    """Reads records back whole by their coordinates (``consumers``' ``RecordReader``)."""
+
+    def read(self, partition: int, offsets: list[int]) -> dict[int, Original]: ...
+
+    def close(self) -> None: ...
+
+
 class DeadLetterBacklogFull(RuntimeError):
     """The writer holds ``max_backlog_bytes`` of unwritten records: a new one is not taken."""
 
@@ -61,12 +86,18 @@ class DeadLetterBacklogFull(RuntimeError):
 class _Letter:
     due: float
     seq: int
-    value: bytes = field(compare=False)
+    #: None: not known here (a skipped step's record), read back from the source.
+    value: bytes | None = field(compare=False)
     topic: str = field(compare=False)
     partition: int = field(compare=False)
     offset: int = field(compare=False)
     reason: str = field(compare=False)
+    #: The bytes this letter holds in the backlog.
+    size: int = field(default=0, compare=False)
     attempts: int = field(default=0, compare=False)
+    #: The original record, read back (``SourceReader``); None until then or where not read.
+    original: Original | None = field(default=None, compare=False)
+    looked_up: bool = field(default=False, compare=False)
     #: Set on a header-only letter: the record's size and the error that refused it whole.
     original_size: int | None = field(default=None, compare=False)
     error: str | None = field(default=None, compare=False)
@@ -101,6 +132,14 @@ class DeadLetterWriter:
     ``max_record_bytes``, the largest record the source topic holds (its
     ``max.message.bytes``), sizes the backlog to hold two such records.
 
+    ``reader`` (a ``SourceReader``) reads each letter's record back from the source topic
+    before it is written, so the letter is the original record: key, value (a tombstone's
+    None), headers, with ours (``HEADER_*``) after theirs. Without one a letter is the value
+    given, with our headers only. A record the source no longer holds is written with the
+    value given, or header-only (``HEADER_ERROR`` ``SourceRecordGone``) where none was given;
+    a read that fails is retried like a write. A header-only letter keeps the key and drops
+    the original headers (they may be what made the letter too large).
+
     Memory is bounded: records waiting to be written hold at most ``max_backlog_bytes``; a
     record that does not fit is not taken (``on_failure`` gets ``DeadLetterBacklogFull``) and
     stays not done: the commit point stays below it and it is read again after a restart.
@@ -119,9 +158,11 @@ class DeadLetterWriter:
         max_block_ms: int = 5_000,
         max_message_bytes: int | None = None,
         max_record_bytes: int | None = None,
+        reader: SourceReader | None = None,
     ) -> None:
         factory = producer_factory or new_producer
         self.topic = topic
+        self._reader = reader
         largest = max(max_message_bytes or 0, max_record_bytes or 0)
         # A backlog smaller than one record would refuse it on every pass: a frozen partition.
         self.max_backlog_bytes = max(max_backlog_bytes, 2 * largest)
@@ -170,28 +211,34 @@ class DeadLetterWriter:
     # ---- the decode side (never blocks) ---------------------------------------------------
 
     def send(
-        self, value: bytes, source_topic: str, partition: int, offset: int, reason: str
+        self, value: bytes | None, source_topic: str, partition: int, offset: int, reason: str
     ) -> None:
-        """Queue one rejected record; returns at once.
+        """Queue one record; returns at once. ``value`` None: the record is read back from the
+        source (a skipped step's records: only their coordinates are known; needs a reader).
 
         A record already waiting is not queued again: a new pass reads it again (the commit
         point stayed below it) while its first write is retried; that write's ``on_done``
         makes it done then.
         """
+        if value is None and self._reader is None:
+            raise ValueError("a letter without its value needs a reader of the source topic")
         key = (source_topic, partition, offset)
+        size = len(value or b"")
         with self._cond:
             if key in self._waiting:
                 return
-            if self._closing or self._backlog_bytes + len(value) > self.max_backlog_bytes:
+            if self._closing or self._backlog_bytes + size > self.max_backlog_bytes:
                 self.refused += 1
                 refused = True
             else:
                 refused = False
                 self._waiting.add(key)
-                self._backlog_bytes += len(value)
+                self._backlog_bytes += size
                 self.pending += 1
                 self._new.append(
-                    _Letter(0.0, next(self._seq), value, source_topic, partition, offset, reason)
+                    _Letter(
+                        0.0, next(self._seq), value, source_topic, partition, offset, reason, size
+                    )
                 )
                 self._cond.notify_all()
         if refused:
@@ -201,6 +248,14 @@ class DeadLetterWriter:
                 ),
                 f"{source_topic}/{partition}@{offset}",
             )
+
+    def send_held(
+        self, source_topic: str, partition: Any, offset: Any, reason: str = REASON_NONFINITE_STEP
+    ) -> None:
+        """Queue records known by their coordinates only (arrays of partitions and offsets:
+        a skipped step's batch); each is read back from the source before it is written."""
+        for p, o in zip(partition.tolist(), offset.tolist(), strict=True):
+            self.send(None, source_topic, int(p), int(o), reason)
 
     # ---- the writer thread ----------------------------------------------------------------
 
@@ -214,7 +269,40 @@ class DeadLetterWriter:
                     wait = self._retry[0].due - time.monotonic() if self._retry else None
                     self._cond.wait(wait if wait is None else max(wait, 0.0))
                     letter = self._next_due()
+            if self._reader is not None and not letter.looked_up:
+                try:
+                    self._look_up(letter)
+                except Exception as exc:  # the broker is down: the letter waits for a retry
+                    self._failed(letter, exc)
+                    continue
             self._write(letter)
+
+    def _look_up(self, letter: _Letter) -> None:
+        """Read ``letter``'s record back from the source, with those of the letters queued for
+        the same partition (one read for a skipped step's batch)."""
+        reader = self._reader
+        assert reader is not None
+        with self._cond:
+            group = [letter] + [
+                other
+                for other in self._new
+                if not other.looked_up
+                and other.partition == letter.partition
+                and other.topic == letter.topic
+            ]
+        found = reader.read(letter.partition, [other.offset for other in group])
+        with self._cond:
+            for other in group:
+                other.looked_up = True
+                original = found.get(other.offset)
+                if original is not None:
+                    other.original = original
+                    other.value = original.value
+                elif other.value is None:
+                    other.value, other.error = b"", GONE
+                size = len(other.value or b"")
+                self._backlog_bytes += size - other.size
+                other.size = size
 
     def _next_due(self) -> _Letter | None:
         """The next letter to write (caller holds the lock): new ones first, then due retries."""
@@ -248,19 +336,28 @@ class DeadLetterWriter:
         if not self._fresh_producer():
             self._failed(letter, RuntimeError("no dead-letter producer (broker unreachable?)"))
             return
-        headers = [
+        original = letter.original
+        headers = list(original.headers) if original is not None and letter.error is None else []
+        headers += [
             (HEADER_TOPIC, letter.topic.encode()),
             (HEADER_PARTITION, str(letter.partition).encode()),
             (HEADER_OFFSET, str(letter.offset).encode()),
             (HEADER_REASON, letter.reason.encode()),
         ]
+        if original is not None:
+            headers.append((HEADER_TIMESTAMP, str(original.timestamp).encode()))
         if letter.error is not None:
-            headers.append((HEADER_ORIGINAL_SIZE, str(letter.original_size).encode()))
+            if letter.original_size is not None:
+                headers.append((HEADER_ORIGINAL_SIZE, str(letter.original_size).encode()))
             headers.append((HEADER_ERROR, letter.error.encode()))
+        key = original.key if original is not None else None
+        value = letter.value
+        if value is None and key is None:
+            value = b""  # a producer cannot write a record with neither: an empty value
         try:
             # Blocks up to max_block_ms while the topic's metadata is unknown (missing topic,
             # broker down): this thread's time, never a decode op's.
-            future = self._producer.send(self.topic, value=letter.value, headers=headers)
+            future = self._producer.send(self.topic, key=key, value=value, headers=headers)
         except Exception as exc:
             self._failed(letter, exc)
             return
@@ -271,7 +368,7 @@ class DeadLetterWriter:
         with self._cond:
             self.pending -= 1
             self.written += 1
-            self._backlog_bytes -= len(letter.value)
+            self._backlog_bytes -= letter.size
             self._waiting.discard((letter.topic, letter.partition, letter.offset))
             self._cond.notify_all()
         self._on_done(letter.partition, letter.offset)
@@ -299,11 +396,12 @@ class DeadLetterWriter:
         where = f"{letter.topic}/{letter.partition}@{letter.offset}"
         error = type(exc).__name__
         if letter.error is None:
-            size = len(letter.value)
+            size = len(letter.value or b"")
             with self._cond:
                 self.header_only += 1
-                self._backlog_bytes -= size
+                self._backlog_bytes -= letter.size
                 letter.original_size, letter.error, letter.value = size, error, b""
+                letter.size = 0
                 letter.attempts, letter.due = 0, 0.0
                 self._new.append(letter)
                 self._cond.notify_all()
@@ -413,3 +511,5 @@ class DeadLetterWriter:
                 self.topic,
             )
         self._producer.close(timeout=min(timeout, 5.0) if not done else timeout)
+        if self._reader is not None:
+            self._reader.close()

@@ -385,3 +385,129 @@ def test_a_letter_refused_for_good_is_done_without_retries(
     assert (first_headers[HEADER_OFFSET], first_headers[HEADER_REASON]) == ("77", "format")
     assert second == b"\xc1" * 5 and second_headers[HEADER_OFFSET] == "78"
     assert HEADER_ERROR not in second_headers
+
+
+def _produce_whole(bootstrap: str, topic: str, records: list[tuple[Any, Any, Any]]) -> list[int]:
+    """(key, value, headers) records to partition 0; returns their offsets."""
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all")
+    try:
+        futures = [
+            producer.send(topic, key=k, value=v, headers=h or [], partition=0)
+            for k, v, h in records
+        ]
+        return [int(f.get(timeout=60).offset) for f in futures]
+    finally:
+        producer.close(timeout=30)
+
+
+def _whole_letters(bootstrap: str, topic: str, want: int) -> dict[int, Any]:
+    """The first ``want`` letters of ``topic`` by their source offset (whole ConsumerRecords)."""
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        consumer_timeout_ms=30_000,
+    )
+    out: dict[int, Any] = {}
+    try:
+        for rec in consumer:
+            out[int(dict(rec.headers)[HEADER_OFFSET])] = rec
+            if len(out) >= want:
+                break
+    finally:
+        consumer.close()
+    return out
+
+
+TRACE = [("trace-id", b"4bf92f35"), ("content-type", b"application/msgpack")]
+
+
+@_broker
+@pytest.mark.timeout(300)
+def test_a_dead_letter_keeps_the_records_key_and_headers_and_a_tombstone_stays_one(
+    kafka_bootstrap: str, kafka_admin: Any, make_topic: Any, tmp_path: Path, group_id: str
+) -> None:
+    """As Kafka Connect's dead-letter queue: the letter is the original record (key, value,
+    headers) with our headers after the producer's; a tombstone's letter has a null value."""
+    topic = make_topic(1)
+    dead = f"dlq-{uuid.uuid4().hex[:8]}"
+    good = iter(SimulatorTask().records(40, __import__("numpy").random.default_rng(3)))
+    records: list[tuple[Any, Any, Any]] = [(b"user-%d" % i, next(good), None) for i in range(20)]
+    records.append((b"user-bad", BAD, TRACE))
+    records.append((b"user-gone", None, [("op", b"delete")]))  # a tombstone
+    records += [(b"user-%d" % i, next(good), None) for i in range(20, 40)]
+    offsets = _produce_whole(kafka_bootstrap, topic, records)
+    bad, tombstone = offsets[20], offsets[21]
+    try:
+        code, log_text, audit = _run_to_idle_stop(kafka_bootstrap, topic, group_id, dead, tmp_path)
+        assert code == 0, log_text[-3000:]
+        letters = _whole_letters(kafka_bootstrap, dead, 2)
+        assert set(letters) == {bad, tombstone}, letters
+
+        letter = letters[bad]
+        assert letter.key == b"user-bad"
+        assert letter.value == BAD
+        names = [k for k, _ in letter.headers]
+        assert letter.headers[:2] == TRACE, "the producer's headers first, as they were"
+        assert names[2:6] == [HEADER_TOPIC, HEADER_PARTITION, HEADER_OFFSET, HEADER_REASON]
+        assert dict(letter.headers)[HEADER_REASON] == b"format"
+        assert "streamer.input.source.timestamp" in names
+
+        gone = letters[tombstone]
+        assert gone.key == b"user-gone"
+        assert gone.value is None, "a tombstone's letter became an empty value"
+        assert gone.headers[0] == ("op", b"delete")
+
+        trained = read_audit(audit, topic)
+        assert set(trained) == {(0, o) for o in offsets if o not in (bad, tombstone)}
+        assert committed_offsets(kafka_bootstrap, group_id, topic)[0] == offsets[-1] + 1
+    finally:
+        kafka_admin.delete_topics([dead])
+
+
+@_broker
+@pytest.mark.timeout(120)
+def test_records_known_by_coordinates_are_read_back_whole_and_a_gone_one_is_header_only(
+    kafka_bootstrap: str, kafka_admin: Any, make_topic: Any
+) -> None:
+    """A skipped step's records (their offsets only) are read back from the source: whole
+    letters; one the topic no longer holds (deleted below the log start) is written
+    header-only and is done all the same."""
+    from kafka import TopicPartition
+
+    from consumers.clients.kafka_python import RecordReader
+    from consumers.settings import ConsumerSettings
+
+    source = make_topic(1)
+    dead = make_topic(1, prefix="dlq")
+    records = [(b"k%d" % i, b"value-%d" % i, [("n", b"%d" % i)]) for i in range(6)]
+    records.append((b"k6", None, None))
+    offsets = _produce_whole(kafka_bootstrap, source, records)
+    kafka_admin.delete_records({TopicPartition(source, 0): offsets[2]})
+    done: list[tuple[int, int]] = []
+    reader = RecordReader(ConsumerSettings(bootstrap_servers=kafka_bootstrap, topic=source))
+    writer = DeadLetterWriter(
+        kafka_bootstrap, dead, on_done=lambda p, o: done.append((p, o)), reader=reader
+    )
+    import numpy as np
+
+    try:
+        wanted = [offsets[1], offsets[3], offsets[5], offsets[6]]
+        writer.send_held(source, np.zeros(4, np.int32), np.array(wanted, np.int64))
+        assert writer.flush(60), "letters still waiting"
+    finally:
+        writer.close(10)
+    assert sorted(done) == [(0, o) for o in wanted]
+    letters = _whole_letters(kafka_bootstrap, dead, 4)
+    assert set(letters) == set(wanted)
+    for i in (3, 5):
+        letter = letters[offsets[i]]
+        assert (letter.key, letter.value) == (b"k%d" % i, b"value-%d" % i)
+        assert letter.headers[0] == ("n", b"%d" % i)
+        assert dict(letter.headers)[HEADER_REASON] == b"nonfinite_step"
+    assert letters[offsets[6]].value is None and letters[offsets[6]].key == b"k6"
+    gone = letters[offsets[1]]
+    assert gone.value in (b"", None) and gone.key is None
+    assert dict(gone.headers)[HEADER_ERROR] == b"SourceRecordGone"
+    assert HEADER_ORIGINAL_SIZE not in dict(gone.headers)

@@ -213,6 +213,68 @@ def test_nan_and_inf_records_are_dead_lettered_and_never_reach_the_weights(
     assert reasons == {b"dtype"}
 
 
+def test_a_skipped_steps_records_go_to_the_dead_letter_topic_whole(
+    kafka_bootstrap: str, make_topic: Any, group_id: str, tmp_path: Path
+) -> None:
+    """A finite but extreme label (3e38) overflows the loss: the step is skipped (nothing
+    applied) and, once a later step is applied, its records, good ones included, are written
+    to the dead-letter topic (reason nonfinite_step) with their keys, not committed past
+    silently; every other record trains once and the group commits the end."""
+    from kafka import KafkaConsumer, KafkaProducer
+
+    schema = km.schema_regression()
+    data = _data(3)
+    data["y"][70] = 3e38
+    values = _records(schema, data)
+    topic = make_topic(1)
+    dlq = f"{topic}-dlq"
+    producer = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=5)
+    for i, v in enumerate(values):
+        producer.send(topic, key=b"k%d" % i, value=v, partition=0)
+    producer.flush(60)
+    producer.close()
+    audit = tmp_path / "audit.csv"
+    args = worker_args(
+        kafka_bootstrap,
+        topic,
+        group_id,
+        audit,
+        shards=1,
+        batch_size=32,
+        stop_after_idle=4,
+        extra=[
+            "--schema",
+            str(_schema_file(tmp_path, schema)),
+            "--model",
+            "tests.streamer.train.keras_models:build_string_loss",
+            "--dead-letter-topic",
+            dlq,
+        ],
+    )
+    worker = _run(args, tmp_path / "w.log")
+    assert worker.wait(1) == 0, worker.tail()
+    log = worker.log()
+    assert log.count("update skipped") == 1, log[-3000:]
+    assert f"go to the dead-letter topic {dlq!r} (reason nonfinite_step)" in log
+    trained = read_audit(audit, topic)
+    untrained = set(range(ROWS)) - {o for _, o in trained}
+    assert 70 in untrained and len(untrained) == 32, sorted(untrained)
+    consumer = KafkaConsumer(
+        dlq,
+        bootstrap_servers=kafka_bootstrap,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=5000,
+    )
+    letters = list(consumer)
+    consumer.close()
+    by_offset = {int(dict(m.headers)["streamer.input.source.offset"]): m for m in letters}
+    assert set(by_offset) == untrained
+    for offset, letter in by_offset.items():
+        assert dict(letter.headers)["streamer.reason"] == b"nonfinite_step"
+        assert (letter.key, letter.value) == (b"k%d" % offset, values[offset])
+    assert committed_offsets(kafka_bootstrap, group_id, topic) == {0: ROWS}
+
+
 def test_a_diverging_model_stops_with_exit_3_and_keeps_the_last_good_checkpoint(
     kafka_bootstrap: str, make_topic: Any, group_id: str, tmp_path: Path
 ) -> None:
