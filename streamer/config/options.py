@@ -177,7 +177,8 @@ class Options:
     )
     dead_letter_topic: str | None = option(
         None,
-        "topic for records that fail to decode (unset: count and skip them); created at "
+        "topic for records that fail to decode and those of skipped non-finite steps, each "
+        "written whole with headers naming its origin (unset: count and skip them); created at "
         "start-up when missing, with the source topic's partition count",
         group="kafka",
     )
