@@ -26,7 +26,7 @@ from streamer.committer import Committer
 from streamer.config import WorkerConfig
 from streamer.ops.gctune import release_free_memory, tune_gc
 from streamer.ops.health import Health
-from streamer.ops.metrics import Metrics
+from streamer.ops.metrics import LEFT_BEHIND_SECONDS, Metrics
 from streamer.ops.signals import SignalWatch, StopOnSignal
 from streamer.ops.status import StatusLine
 from streamer.ops.tboard import ProfileWindow, TrainingSummaries
@@ -90,6 +90,9 @@ class Lifecycle(Generic[StepT]):
             log=log,
         )
         self._signal_watch: SignalWatch | None = None
+        #: Partitions left behind when last watched: partition -> (seconds, lag); and since when.
+        self._behind: dict[int, tuple[float, int]] = {}
+        self._behind_since: dict[int, float] = {}
 
     # ---- the parts ------------------------------------------------------------------------------
 
@@ -316,6 +319,47 @@ class Lifecycle(Generic[StepT]):
                 release_free_memory()
                 trimmed = time.monotonic()
             self.watch_queues()
+            self.watch_partitions()
+
+    def watch_partitions(self) -> None:
+        """A partition left behind (records waiting, nothing of it trained for
+        ``LEFT_BEHIND_SECONDS``: a fetch stalled after a broker fault, or a partition starved
+        while others' backlog is served) is named in one WARNING when it falls behind and one
+        line when it trains again; the status line shows it meanwhile."""
+        if self.source is None:
+            return
+        behind = self.metrics.left_behind()
+        fell = sorted(set(behind) - set(self._behind))
+        caught_up = sorted(set(self._behind) - set(behind))
+        if fell:
+            if time.monotonic() - self._broker_down_at < LEFT_BEHIND_SECONDS:
+                context = "no broker answers"
+            elif len(behind) < self.metrics.assigned_count():
+                context = "other partitions train"
+            else:
+                context = "no partition trains"
+            log.warning(
+                "left behind: partition%s %s of %s, %s records waiting, nothing trained from "
+                "%s for %.0fs while %s (streamer_partition_last_trained_timestamp_seconds "
+                "shows how far behind)",
+                "s" if len(fell) > 1 else "",
+                ", ".join(map(str, fell)),
+                self.config.topic,
+                f"{sum(behind[p][1] for p in fell):,}",
+                "them" if len(fell) > 1 else "it",
+                min(behind[p][0] for p in fell),
+                context,
+            )
+        for p in caught_up:
+            log.info(
+                "partition %d of %s trains again after %.0fs left behind",
+                p,
+                self.config.topic,
+                time.monotonic() - self._behind_since.pop(p, time.monotonic()),
+            )
+        for p in fell:
+            self._behind_since[p] = time.monotonic() - behind[p][0]
+        self._behind = behind
 
     def _broker_down(self) -> None:
         """The probe found no broker this second (a hook: the worker's idle clock waits)."""

@@ -195,8 +195,10 @@ class ConsumerClient(Protocol):
         ...
 
     def stable_offsets(self) -> dict[int, int] | None:
-        """read_committed: the last stable offset per assigned partition, when a fresh reading
-        is available (None otherwise); may make one bounded network call now and then."""
+        """The end of what the isolation level reads per assigned partition (the last stable
+        offset under read_committed; the high watermark otherwise, where the client has a
+        reading of its own), when a fresh reading is available (None otherwise); may make one
+        bounded network call now and then."""
         ...
 
     def committed(self, partitions: list[int], timeout_ms: int) -> dict[int, GroupCommit]:

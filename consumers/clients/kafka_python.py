@@ -89,8 +89,9 @@ _JOIN_WAIT_MS = 3000
 _STALE_CONFIRM_S = 5.0
 #: How long the stale-assignment check waits before asking the broker again.
 _GROUP_CHECK_RETRY_S = 30.0
-#: read_committed: how often the last stable offsets are read (for lag), how long one read
-#: may take, and how long to wait after a failed one.
+#: How often the partitions' ends are read from the broker (for lag: the last stable offsets
+#: under read_committed, the high watermarks otherwise), how long one read may take, and how
+#: long to wait after a failed one.
 _STABLE_EVERY_S = 2.0
 #: How long an assignment waits for the group's committed offsets (the start rule's input).
 _COMMITTED_TIMEOUT_MS = 5000
@@ -618,10 +619,10 @@ class KafkaPythonClient:
         return out
 
     def stable_offsets(self) -> dict[int, int] | None:
-        """kafka-python keeps no last stable offset from fetch responses; ``end_offsets``
-        under read_committed asks the broker (one ListOffsets request) every few seconds."""
-        if self.settings.isolation_level != "read_committed":
-            return None
+        """kafka-python keeps no last stable offset from fetch responses, and a partition
+        whose fetch stalled reports no new high watermark: ``end_offsets`` asks the broker
+        (one ListOffsets request, at the consumer's isolation level) every few seconds, so
+        the lag counts the records waiting even then."""
         now = time.monotonic()
         if now < self._stable_after:
             return None

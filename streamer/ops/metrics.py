@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, get_args
@@ -119,6 +120,9 @@ class _BatchHistogram(Collector):
 #: Record timestamps before this (2000-01-01T00:00:00Z, ms) are a producer's clock unset or
 #: far behind (1970 when it sends 0), not a record's age: counted as skewed, like the future.
 SKEW_FLOOR_MS = 946_684_800_000
+#: A partition with records waiting of which nothing trained for this long is left behind
+#: (``Metrics.left_behind``): a WARNING, and the status line names it.
+LEFT_BEHIND_SECONDS = 30.0
 
 
 @dataclass
@@ -134,6 +138,9 @@ class _PartitionState:
     #: Where this assignment starts when it does not start at the group's commit (a
     #: checkpoint's offset, --start-from's): the lag counts from here, not from the commit.
     start: int | None = None
+    #: When (monotonic) this partition last moved: a record of it trained, or nothing of it
+    #: was waiting; since its assignment at first (``Metrics.left_behind``).
+    moved_at: float = field(default_factory=time.monotonic)
     #: This partition's child of each per-partition gauge, by the gauge's id: looked up once
     #: at assignment, not on every step (a labels() call per gauge per step was a fifth of
     #: the worker's GIL time per step, profiled).
@@ -468,16 +475,24 @@ class Metrics:
             self._update_lag(partition, state)
 
     def set_last_stable(self, partition: int, offset: int) -> None:
-        """read_committed: the partition's last stable offset; lag counts up to it.
+        """The partition's end as the broker reports it (ListOffsets, every few seconds): the
+        last stable offset under read_committed, the high watermark under read_uncommitted;
+        lag counts up to it.
 
         Kept as its distance below the high watermark: the watermark moves with every poll,
         the stable offset is read every few seconds; a topic without transactions always reads
-        its high watermark, never a stale stable offset.
+        its high watermark, never a stale stable offset. An end above the high watermark the
+        polls reported means the polls are behind (a partition whose fetch stalled after a
+        broker fault reports no new watermark): the watermark moves up to it, so the lag shows
+        the records waiting and the partition shows as left behind.
         """
         with self._lock:
             state = self._partitions.get(partition)
             if state is None:
                 return
+            if offset > state.high_watermark:
+                state.high_watermark = offset
+                self._series(self.partition_high_watermark, partition, state).set(offset)
             state.unstable = max(0, state.high_watermark - offset)
             self._update_lag(partition, state)
 
@@ -489,6 +504,11 @@ class Metrics:
             state.position = offset
             self.partition_position.labels(self.topic, str(partition)).set(offset)
             self._update_lag(partition, state)
+
+    def assigned_count(self) -> int:
+        """Partitions assigned here now."""
+        with self._lock:
+            return len(self._partitions)
 
     def lag(self, partition: int) -> float:
         """Records of ``partition`` not trained yet; 0.0 for a partition not assigned."""
@@ -509,8 +529,34 @@ class Metrics:
 
     def _update_lag(self, partition: int, state: _PartitionState) -> None:
         # Caller holds self._lock.
+        lag = self._lag_of(state)
+        if not lag:
+            state.moved_at = time.monotonic()
         self._series(self.partition_last_stable, partition, state).set(state.readable())
-        self._series(self.consumer_lag, partition, state).set(self._lag_of(state))
+        self._series(self.consumer_lag, partition, state).set(lag)
+
+    def left_behind(
+        self, after_seconds: float = LEFT_BEHIND_SECONDS, now: float | None = None
+    ) -> dict[int, tuple[float, int]]:
+        """Partitions with records waiting of which nothing trained for ``after_seconds``
+        (since the assignment, or since nothing was waiting): partition -> (seconds, lag).
+
+        >>> m = Metrics("t", CollectorRegistry(), version="0", tensorflow_version="0",
+        ...             kafka_python_version="0")
+        >>> m.partitions_assigned([0, 1])
+        >>> m.set_high_watermark(0, 100); m.set_high_watermark(1, 100)
+        >>> m.observe_trained([1], [99], [-1], 0.0)
+        >>> sorted(m.left_behind(30, now=time.monotonic() + 31))
+        [0]
+        """
+        now = time.monotonic() if now is None else now
+        out: dict[int, tuple[float, int]] = {}
+        with self._lock:
+            for p, state in self._partitions.items():
+                lag = self._lag_of(state)
+                if lag and now - state.moved_at >= after_seconds:
+                    out[p] = (now - state.moved_at, lag)
+        return out
 
     # -- data path ----------------------------------------------------------------------------
 
@@ -597,6 +643,7 @@ class Metrics:
                     continue
                 if top + 1 > state.trained:
                     state.trained = top + 1
+                    state.moved_at = time.monotonic()
                     self._series(self.partition_trained, p, state).set(state.trained)
                     self._update_lag(p, state)
                 # Shuffled batches can arrive out of order: keep the newest; never past now.

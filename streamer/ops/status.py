@@ -121,12 +121,22 @@ class StatusLine:
         # A loss not known yet (a cluster's comes one all-reduce after its step; none before
         # the first step) is shown as "-", never as a value: NaN would read as a diverged step.
         known = not math.isnan(loss)
+        # Partitions left behind (records waiting, none trained for 30 s): named with how long.
+        behind = (
+            ""
+            if final
+            else ",".join(
+                f"{p}:{seconds:.0f}s"
+                for p, (seconds, _) in sorted(self.metrics.left_behind().items())
+            )
+        )
         if self.tty:
             shown = "".join(f" | {name} {value:.4f}" for name, value in metrics.items())
             text = f"{loss:.4f}" if known else "-"
             self._frame = (
                 f"step {step:>9,} | {rate:>9,.0f} samples/s | lag {lag:>10,} | loss {text:>6}"
                 f"{shown} | trained {int(samples):,} | commits {commits:,}"
+                + (f" | behind {behind}" if behind else "")
             )
             with _active_lock:
                 self.out.write(_CLEAR + self._frame)
@@ -134,7 +144,7 @@ class StatusLine:
         else:
             log.info(
                 "progress step=%d samples_per_second=%.0f lag=%d loss=%s samples_trained=%d "
-                "decode_errors=%d commits=%d%s%s",
+                "decode_errors=%d commits=%d%s%s%s",
                 step,
                 rate,
                 lag,
@@ -143,6 +153,7 @@ class StatusLine:
                 snap["decode_errors"],
                 commits,
                 "".join(f" {name}={value:.5f}" for name, value in metrics.items()),
+                f" left_behind={behind}" if behind else "",
                 " (final: samples/s over the run's training time)" if final else "",
             )
 

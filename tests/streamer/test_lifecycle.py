@@ -229,3 +229,32 @@ def test_both_loops_tune_the_gc_and_trim_the_heap(
     loop._finished.set()
     assert calls[0] == "tune" and calls.count("tune") == 1
     assert calls.count("trim") >= 2, calls
+
+
+@pytest.mark.parametrize("index", [0, 1], ids=["worker", "cluster"])
+def test_a_partition_left_behind_is_warned_of_once_and_its_return_is_said(
+    index: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Records waiting in partition 0 and nothing of it trained for 30 s while partition 1
+    trains (a fetch stalled after a broker fault): one WARNING naming it, none while it stays
+    behind, one line when it trains again."""
+    loop = _loops()[index]
+    metrics = _metrics()
+    loop.parts = _parts(source=_Source(2), metrics=metrics)  # type: ignore[assignment]
+    metrics.partitions_assigned([0, 1])
+    metrics.set_high_watermark(0, 500)
+    metrics.set_high_watermark(1, 500)
+    metrics.observe_trained([1], [499], [-1], 0.0)
+    caplog.set_level(logging.INFO, logger="streamer.lifecycle")
+    loop.watch_partitions()
+    assert "left behind" not in caplog.text  # not yet 30 s
+    metrics._partitions[0].moved_at -= 31  # 31 s without a record of it trained
+    loop.watch_partitions()
+    loop.watch_partitions()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert "left behind: partition 0 of t, 500 records waiting" in warnings[0]
+    assert "while other partitions train" in warnings[0]
+    metrics.observe_trained([0], [10], [-1], 0.0)
+    loop.watch_partitions()
+    assert "partition 0 of t trains again after 3" in caplog.text

@@ -534,3 +534,27 @@ def test_a_partition_assigned_again_starts_at_what_was_known_not_at_zero() -> No
     ts = "streamer_partition_last_trained_timestamp_seconds"
     assert value(m, ts, **pl(0)) == pytest.approx(NOW - 1.0)
     assert value(m, "streamer_partition_high_watermark_offset", **pl(0)) == 5_000.0
+
+
+def test_an_end_above_the_polled_watermark_counts_as_waiting_and_leaves_the_partition_behind() -> (
+    None
+):
+    """A partition whose fetch stalled reports no new high watermark from its polls; the end
+    the broker gives (ListOffsets, every 2 s) lifts it, so the lag counts the records waiting
+    and, with nothing of it trained for 30 s, the partition is left behind."""
+    import time
+
+    registry = CollectorRegistry()
+    m = Metrics("t", registry, version="0", tensorflow_version="0", kafka_python_version="0")
+    m.partitions_assigned([0, 1])
+    m.set_high_watermark(0, 100)
+    m.observe_trained([0, 1], [99, 9], [-1, -1], 0.0)
+    assert m.lag(0) == 0
+    m.set_last_stable(0, 160)  # the broker's end: 60 records the polls never reported
+    assert m.lag(0) == 60
+    labels = {"topic": "t", "partition": "0"}
+    assert registry.get_sample_value("streamer_partition_high_watermark_offset", labels) == 160
+    later = time.monotonic() + 31
+    assert m.left_behind(30, now=later) == {0: pytest.approx((31, 60), abs=1)}
+    m.observe_trained([0], [120], [-1], 0.0)  # it trains again: its 30 s start over
+    assert m.left_behind(30, now=time.monotonic() + 29) == {}

@@ -23,8 +23,14 @@ class Snapshot:
             "decode_errors": 0.0,
         }
 
+        #: What ``Metrics.left_behind`` gives: partition -> (seconds, lag).
+        self.behind: dict[int, tuple[float, int]] = {}
+
     def snapshot(self) -> dict[str, float]:
         return dict(self.values)
+
+    def left_behind(self) -> dict[int, tuple[float, int]]:
+        return dict(self.behind)
 
 
 class Clock:
@@ -183,3 +189,25 @@ def test_a_loss_not_known_yet_is_shown_as_unknown_never_as_nan(
     tty.maybe(1, float("nan"))
     tty.end()
     assert "loss      -" in out.getvalue() and "nan" not in out.getvalue()
+
+
+def test_a_partition_left_behind_is_named_on_every_frame_until_it_trains(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    snap, clock, out = Snapshot(), Clock(), io.StringIO()
+    line = StatusLine(out, 10.0, snap, clock=clock)  # type: ignore[arg-type]
+    caplog.set_level(logging.INFO, logger="streamer.ops.status")
+    line.maybe(1, 0.5)
+    snap.behind = {3: (45.2, 1200), 5: (31.0, 80)}
+    clock.now += 10.0
+    line.maybe(2, 0.4)
+    snap.behind = {}
+    clock.now += 10.0
+    line.maybe(3, 0.4)
+    frames = progress(caplog)
+    assert [f.get("left_behind") for f in frames] == [None, "3:45s,5:31s", None]
+    tty = StatusLine(out, 10.0, snap, clock=clock)  # type: ignore[arg-type]
+    tty.tty = True
+    snap.behind = {3: (45.2, 1200)}
+    tty.maybe(4, 0.4)
+    assert out.getvalue().rstrip().endswith("| behind 3:45s")
