@@ -293,7 +293,9 @@ class Shard:
                 # A static member that rejoins gets its old assignment back from the
                 # coordinator even when the topic is gone: never subscribe to a missing topic.
                 exists = client.topic_partitions(refresh=True)
-            except BrokerUnavailableError as exc:
+            except (BrokerUnavailableError, RetriableClientError) as exc:
+                # No broker answers, or the one asked for the topic's metadata did not (a
+                # node down in a cluster): a new try, the others answer.
                 if client is not None:
                     client.close(5000)
                 self.hooks.on_error("connection", exc)

@@ -96,6 +96,8 @@ _STABLE_EVERY_S = 2.0
 #: How long an assignment waits for the group's committed offsets (the start rule's input).
 _COMMITTED_TIMEOUT_MS = 5000
 _STABLE_TIMEOUT_MS = 500
+#: How many nodes a refreshed read of the topic's partitions tries (one down is skipped).
+_METADATA_TRIES = 3
 _STABLE_RETRY_S = 10.0
 
 
@@ -703,10 +705,28 @@ class KafkaPythonClient:
     # ---- the topic ---------------------------------------------------------------------------
 
     def topic_partitions(self, *, refresh: bool = False) -> frozenset[int] | None:
-        if refresh:
-            parts = self.consumer.partitions_for_topic(self.topic)
+        """The topic's partitions (None: no such topic); ``refresh``: from a metadata request.
+
+        kafka-python sends the request to one node and raises its connection error when that
+        node is down (a broker killed in a cluster whose others answer: a new pass's consumer
+        failed the worker so). The next try goes to another node (the dead one is in its
+        reconnect backoff): tried up to ``_METADATA_TRIES`` times, then
+        ``RetriableClientError`` (the shard retries with back-off)."""
+        if not refresh:
+            return internals.cached_partitions(self.consumer, self.topic)
+        for attempt in range(_METADATA_TRIES):
+            try:
+                parts = self.consumer.partitions_for_topic(self.topic)
+            except (kerrors.KafkaConnectionError, kerrors.KafkaTimeoutError) as exc:
+                if attempt + 1 == _METADATA_TRIES:
+                    raise RetriableClientError(
+                        f"reading the metadata of {self.topic!r}: {_detail(exc, self.settings.security)}"
+                    ) from exc
+                log.debug("shard %d: metadata request failed: %r", self.shard_index, exc)
+                time.sleep(0.1 * (attempt + 1))
+                continue
             return frozenset(parts) if parts else None
-        return internals.cached_partitions(self.consumer, self.topic)
+        return None  # not reached
 
     def topic_gone(self) -> bool:
         """True once the metadata has lacked the topic for a second of refreshes.

@@ -393,3 +393,34 @@ def _run_faults(
         assert during == 0, f"{during:g} rebalance callbacks during the broker faults"
         assert wait < STALL_BOUND_S, f"record {which} waited {wait:.0f}s to be trained"
         assert lag.frozen < STALL_BOUND_S, f"the lag figure froze for {lag.frozen:.0f}s"
+
+
+@pytest.mark.timeout(300)
+def test_a_consumer_opened_while_a_node_is_down_reads_the_topic_from_the_others(
+    kafka_cluster: KafkaCluster,
+) -> None:
+    """Every pass opens its shards' consumers, and each reads the topic's metadata first. With
+    one node of three killed, kafka-python sent that read to the dead node now and then and
+    raised its KafkaConnectionError (14 of 100 opens): the shard failed and the worker exited
+    1 when a pass began during a broker's restart. The read now goes to another node."""
+    from consumers.clients.kafka_python import open_client
+    from consumers.settings import ConsumerSettings
+
+    topic = kafka_cluster.create_topic("open", PARTITIONS)
+    kafka_cluster.kill_node(1)
+    try:
+        failed: list[str] = []
+        for _ in range(60):
+            settings = ConsumerSettings(
+                bootstrap_servers=kafka_cluster.bootstrap, topic=topic, group_id="g-open"
+            )
+            client = open_client(settings, 0)
+            try:
+                assert client.topic_partitions(refresh=True) == frozenset(range(PARTITIONS))
+            except Exception as exc:
+                failed.append(repr(exc))
+            finally:
+                client.close(1000)
+        assert not failed, f"{len(failed)} of 60 opens failed: {failed[0]}"
+    finally:
+        kafka_cluster.heal()
