@@ -64,7 +64,7 @@ SCALING_MODES = (
     + CEILINGS
 )
 #: The modes run when none are named: every mode of kafka-python, and confluent-kafka's when
-#: the package is installed (``pip install 'streamer[confluent]'``).
+#: the package is installed (``pip install 'streamer-train[confluent]'``).
 DEFAULT_MODES = MODES[:7]
 SHUFFLE_BUFFER = 10_000  # records in the shuffle window of the pipeline-shuffle mode
 #: The modes that take any schema (``--schema``/``--task``); naive and worker are the

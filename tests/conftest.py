@@ -19,6 +19,41 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+def _broker_running() -> bool:
+    return (
+        subprocess.run(
+            ["bash", str(KAFKA_SH), "status"], capture_output=True, timeout=60, check=False
+        ).returncode
+        == 0
+    )
+
+
+#: Whether the test broker ran before this session (decided once, by the controlling process).
+_BROKER_BEFORE: list[bool] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):  # the controller, not an xdist worker
+        _BROKER_BEFORE.append(_broker_running())
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Stop the test broker this session started (a run of a few tests must not leave a
+    400 MB JVM behind); one that ran before stays. STREAMER_KEEP_BROKER=1 keeps it for the next
+    run (faster when iterating), and says how to stop it."""
+    if hasattr(session.config, "workerinput") or not _BROKER_BEFORE or _BROKER_BEFORE[0]:
+        return
+    if os.environ.get("KAFKA_BOOTSTRAP") or not _broker_running():
+        return
+    if os.environ.get("STREAMER_KEEP_BROKER", "") in ("1", "true", "yes"):
+        print(
+            "\nthe test broker stays up (STREAMER_KEEP_BROKER); stop it with "
+            "`bash deploy/local/kafka.sh stop`"
+        )
+        return
+    subprocess.run(["bash", str(KAFKA_SH), "stop"], capture_output=True, timeout=120, check=False)
+
+
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     """Bootstrap address of a real broker: $KAFKA_BOOTSTRAP, or one started by deploy/local/kafka.sh."""
@@ -47,7 +82,7 @@ def kafka_bootstrap() -> Iterator[str]:
     address = lines[-1]
     os.environ["KAFKA_BOOTSTRAP_STARTED"] = address
     yield address
-    # The broker stays up for reuse by the next run; CI stops it in .ci/run.
+    # Stopped at the session's end if the session started it (pytest_sessionfinish).
 
 
 @pytest.fixture

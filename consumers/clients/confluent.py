@@ -58,10 +58,12 @@ from consumers.settings import ConsumerSettings, SecuritySettings
 try:
     import confluent_kafka as ck
 except ImportError as exc:  # pragma: no cover - the extra is installed in CI
+    from consumers.install import pip_install
+
     raise ConfigError(
         "kafka_client",
         "confluent",
-        "needs the confluent-kafka package: pip install 'streamer[confluent]'",
+        f"needs the confluent-kafka package: {pip_install('confluent')}",
     ) from exc
 
 __all__ = ["ConfluentClient", "consumer_config", "open_client", "read_values"]

@@ -58,7 +58,7 @@ class Options:
         "kafka-python",
         "the Kafka client library: kafka-python (pure Python, the default) or confluent "
         "(librdkafka: fetch, decompression and parsing in C, several times less CPU per record; "
-        "pip install 'streamer[confluent]')",
+        "needs the confluent extra, and says how to install it where it is missing)",
         group="kafka",
         to="consumer.client",
     )
@@ -347,7 +347,10 @@ class Options:
     )
     eval_records: int = option(2048, "records per evaluation", group="online")
     logdir: str | None = option(
-        None, "TensorBoard log directory (scalars; profiler traces go here too)", group="online"
+        None,
+        "TensorBoard log directory (scalars; profiler traces go here too); viewing it needs "
+        "the tensorboard extra (TensorFlow does not install TensorBoard)",
+        group="online",
     )
     export_dir: str | None = option(
         None,

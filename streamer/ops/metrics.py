@@ -804,7 +804,7 @@ class Metrics:
 def reference() -> list[tuple[str, str, tuple[str, ...], str]]:
     """Every metric family the worker exports: (name, type, labels, help), in order.
 
-    The README's metric reference is this list (``python -m streamer.ops.metrics`` prints it as
+    The metric reference (``docs/reference/metrics.md``) is this list (``python -m streamer.ops.metrics`` prints it as
     Markdown; a test keeps the two equal).
     """
     m = Metrics("t", version="v", tensorflow_version="v", kafka_python_version="v")
@@ -864,7 +864,7 @@ def _by_label(metric: MetricWrapperBase, label: str) -> dict[str, float]:
     return {labels[label]: value for labels, value in _value_samples(metric)}
 
 
-if __name__ == "__main__":  # python -m streamer.ops.metrics [alerts.yml]: the README's reference
+if __name__ == "__main__":  # python -m streamer.ops.metrics [alerts.yml]: the reference's table
     import sys
     from pathlib import Path
 

@@ -27,6 +27,19 @@ _SCALAR_METADATA = summary_pb2.SummaryMetadata(
 )
 
 
+def view_hint(logdir: str) -> str:
+    """How to view ``logdir``: the command, and how to install TensorBoard where it is not
+    (TensorFlow 2.21 does not install it)."""
+    import importlib.util
+
+    from consumers.install import pip_install
+
+    command = f"tensorboard --logdir {logdir}"
+    if importlib.util.find_spec("tensorboard") is None:
+        return f"view them with `{command}` after `{pip_install('tensorboard')}`"
+    return f"view them with `{command}`"
+
+
 class TrainingSummaries:
     """Loss, samples/s, input-wait fraction and lag every ``interval`` seconds; eval on call.
 
@@ -44,6 +57,7 @@ class TrainingSummaries:
         self.interval = interval
         self._lag = lag
         self._writer = tf.summary.create_file_writer(logdir)
+        log.info("TensorBoard summaries in %s: %s", logdir, view_hint(logdir))
         self._t = time.monotonic()
         self._samples = 0
         self._wait = 0.0

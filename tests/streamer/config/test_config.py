@@ -245,7 +245,10 @@ sys.exit(main(["run", "--bootstrap", "127.0.0.1:1", "--topic", "t", "--kafka-cli
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2, proc.stderr
-    assert "pip install 'streamer[confluent]'" in proc.stderr, proc.stderr
+    # This test runs from a checkout: the hint installs the extra into it.
+    from consumers.install import source_checkout
+
+    assert f"pip install -e '{source_checkout()}[confluent]'" in proc.stderr, proc.stderr
     assert "tensorflow" not in proc.stderr.lower(), "failed only after TensorFlow loaded"
 
 

@@ -465,19 +465,18 @@ def test_concurrent_updates_and_revocation_leave_no_stale_series() -> None:
     assert value(m, "streamer_assigned_partitions") == 2.0
 
 
-def test_the_readme_metric_reference_is_the_code_s() -> None:
+def test_the_metric_reference_page_is_the_code_s() -> None:
     """Every family, its type, labels, help and alerts, as the code declares them."""
     from pathlib import Path
 
     from streamer.ops.metrics import alerts_by_metric, reference, reference_markdown
 
     root = Path(__file__).resolve().parents[3]
-    readme = (root / "README.md").read_text(encoding="utf-8")
-    block = readme.split("<!-- metrics:begin -->\n", 1)[1].split("<!-- metrics:end -->", 1)[0]
+    page = (root / "docs" / "reference" / "metrics.md").read_text(encoding="utf-8")
+    block = page.split("<!-- metrics:begin -->\n", 1)[1].split("<!-- metrics:end -->", 1)[0]
     rules = (root / "deploy" / "prometheus" / "alerts.yml").read_text(encoding="utf-8")
     assert block == reference_markdown(alerts_by_metric(rules)), (
-        "README's metric reference is stale: regenerate it with "
-        "python -m streamer.ops.metrics deploy/prometheus/alerts.yml"
+        "docs/reference/metrics.md is stale: regenerate it with python -m streamer.docgen"
     )
     names = [name for name, *_ in reference()]
     assert len(names) == len(set(names)) and "streamer_nonfinite_steps_total" in names
