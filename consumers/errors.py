@@ -27,7 +27,7 @@ class StreamerError(Exception):
     """Root of every error this project raises on purpose.
 
     ``retriable`` says whether trying the same thing again later can succeed; ``exit_code``
-    is the worker's exit status when the error ends it (README: exit codes).
+    is the worker's exit status when the error ends it (docs/reference/exit-codes.md).
     """
 
     retriable: bool = False

@@ -1,7 +1,7 @@
 """A model compiled the ordinary Keras way, for the simulator's regression task.
 
 ``streamer run --model examples.keras_model:build`` trains it exactly as ``model.fit`` would
-(README "Your model"): the string loss and metric, the L2 regularizer's loss and Adam's
+(docs/tutorials/your-model.md): the string loss and metric, the L2 regularizer's loss and Adam's
 updates are Keras' own.
 """
 

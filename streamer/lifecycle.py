@@ -53,7 +53,7 @@ class Lifecycle(Generic[StepT]):
     """The shared life of a worker; subclasses implement ``_run`` (``build``, then loop).
 
     ``run()`` installs the signal answer (on the main thread), builds, runs the loop and
-    returns the exit code (README: exit codes); whatever happens, ``_shutdown`` closes what
+    returns the exit code (docs/reference/exit-codes.md); whatever happens, ``_shutdown`` closes what
     was opened, and the shutdown watchdog of a signal is released. ``build(plan)`` builds
     the run's parts once (``streamer.parts``), its committer, status line and watch.
     """
@@ -212,7 +212,7 @@ class Lifecycle(Generic[StepT]):
             self._signal_watch = SignalWatch(self._signal_stop, (signal.SIGTERM, signal.SIGINT))
         try:
             return self._run()
-        except StreamerError as exc:  # ConfigError: 2; README: exit codes
+        except StreamerError as exc:  # ConfigError: 2; docs/reference/exit-codes.md
             # A retriable error (a broker away, a topic not yet there) may pass with no change:
             # the line says so, so an operator does not go looking for one.
             again = " (this may pass on its own: a restart as it is tries again)"

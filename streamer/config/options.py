@@ -298,7 +298,7 @@ class Options:
         group="training",
     )
     # A save costs 25-40 ms (built-in model) to ~0.3 s (100 MB of weights); a kill -9 retrains
-    # what was trained since the last checkpoint: README "Reliability", checkpoint cadence.
+    # what was trained since the last checkpoint: docs/how-to/tuning.md, checkpoint cadence.
     checkpoint_every_steps: int = option(2000, "checkpoint every N steps", group="training")
     checkpoint_every_seconds: float = option(
         30.0, "... or every this many seconds, whichever comes first", group="training"

@@ -1,6 +1,6 @@
 """consumers.errors, and the errors of the input path and of training beside their code
 (streamer.input.errors, streamer.train.errors): one root, the exit code and retriable flag of
-each kind (README: exit codes), and messages that name what was wrong and what to do, never
+each kind (docs/reference/exit-codes.md), and messages that name what was wrong and what to do, never
 more than they were given."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ its restart, ``kill -9`` of the group's coordinator, its restart. Asserted, per 
   a broker bounce): the worker's ``streamer_rebalances_total`` does not move after the start;
 - no record acknowledged during the faults waits longer than ``STALL_BOUND_S`` to be trained
   (a partition that stopped training while its log grew would fail this); the duplicates and
-  the longest wait are printed (README table); the worker's own lag figure never stays the
+  the longest wait are printed (docs/explanation/clusters.md table); the worker's own lag figure never stays the
   same for that long while records are produced (a frozen figure would never fire an alert).
 """
 

@@ -178,7 +178,7 @@ def _kafka_errors(base: str) -> dict[str, float]:
         # librdkafka bounds zstd only (receive.message.max.bytes); kafka-python finds the end.
         pytest.param("confluent", ("zstd", "zstd-unsized"), id="confluent"),
         # librdkafka inflates gzip and lz4 whole: a topic with compression.type=zstd has the
-        # broker write every batch as zstd (README "Decompression bombs"), which it bounds.
+        # broker write every batch as zstd (docs/explanation/reliability.md, decompression bombs), which it bounds.
         pytest.param("confluent", ("gzip", "lz4"), id="confluent, gzip and lz4 on a zstd topic"),
     ],
 )

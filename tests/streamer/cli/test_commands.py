@@ -260,7 +260,7 @@ def test_a_topic_typo_ends_after_the_topic_wait_naming_the_topic_meant(
 @pytest.mark.timeout(240)
 def test_a_missing_topic_is_one_clear_error_for_the_operations_tools(kafka_bootstrap: str) -> None:
     """lag, reset-group and replay: exit 1 at once, one line naming the topic and the fix.
-    (``run`` waits for its topic by design: not ready until it exists, README "Reliability".)"""
+    (``run`` waits for its topic by design: not ready until it exists, docs/explanation/reliability.md.)"""
     missing = f"no-such-topic-{uuid.uuid4().hex[:8]}"
     env = {"STREAMER_BOOTSTRAP": kafka_bootstrap}
     for command in (

@@ -77,7 +77,7 @@ def test_sample_weight_names_the_feature_keras_weights_by(tmp_path: Path) -> Non
 
 @pytest.mark.timeout(180)
 def test_the_readme_example_model_trains_and_its_loss_falls() -> None:
-    """``examples/keras_model.py`` (README "Your model"): compiled the ordinary Keras way, a
+    """``examples/keras_model.py`` (docs/tutorials/your-model.md): compiled the ordinary Keras way, a
     string loss and metric and an L2 regularizer, trained on the simulator."""
     code, worker, log = run_in_process(
         model="examples.keras_model:build", max_steps=300, status_interval=0.05, seed=7

@@ -1,0 +1,34 @@
+"""Serve the newest SavedModel version of an export directory (``streamer run --export-dir``)
+and predict four samples of the simulator's task; the docs' online-learning tutorial runs it::
+
+    .venv/bin/python examples/serve_latest.py runs/online/models
+
+TensorFlow is loaded without its start-up noise (``streamer.ops.tfstart``), so the output is
+the two lines the tutorial shows.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(models: str) -> None:
+    from streamer.ops.tfstart import load_tensorflow
+
+    load_tensorflow()
+    import numpy as np
+    import tensorflow as tf
+
+    from streamer.input.simulator import SimulatorTask
+
+    version = max(int(v) for v in os.listdir(models) if v.isdigit())
+    serve = tf.saved_model.load(f"{models}/{version}").signatures["serving_default"]
+    sample = SimulatorTask().sample(4, np.random.default_rng(0))
+    (pred,) = serve(x=tf.constant(sample["x"])).values()
+    print("version", version, "prediction", pred.numpy().ravel().round(3))
+    print("label", sample["y"].round(3))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "runs/online/models")
