@@ -74,8 +74,9 @@ def _produce(
         producer.close(timeout=30)
 
 
-def _letters(bootstrap: str, topic: str, want: int) -> list[tuple[bytes, dict[str, str]]]:
-    """The first ``want`` records of ``topic`` (value, headers), or fewer after 30 s."""
+def _records(bootstrap: str, topic: str, want: int) -> list[Any]:
+    """The first ``want`` records of ``topic`` (kafka-python's ConsumerRecords), or fewer
+    after 30 s."""
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=bootstrap,
@@ -85,15 +86,23 @@ def _letters(bootstrap: str, topic: str, want: int) -> list[tuple[bytes, dict[st
         max_partition_fetch_bytes=64 * MiB,
         fetch_max_bytes=64 * MiB,
     )
-    out: list[tuple[bytes, dict[str, str]]] = []
+    out: list[Any] = []
     try:
         for rec in consumer:
-            out.append((rec.value or b"", {k: v.decode() for k, v in rec.headers}))
+            out.append(rec)
             if len(out) >= want:
                 break
     finally:
         consumer.close()
     return out
+
+
+def _letters(bootstrap: str, topic: str, want: int) -> list[tuple[bytes, dict[str, str]]]:
+    """The first ``want`` records of ``topic`` (value, headers), or fewer after 30 s."""
+    return [
+        (rec.value or b"", {k: v.decode() for k, v in rec.headers})
+        for rec in _records(bootstrap, topic, want)
+    ]
 
 
 def _max_message_bytes(admin: Any, topic: str) -> int:
@@ -402,22 +411,7 @@ def _produce_whole(bootstrap: str, topic: str, records: list[tuple[Any, Any, Any
 
 def _whole_letters(bootstrap: str, topic: str, want: int) -> dict[int, Any]:
     """The first ``want`` letters of ``topic`` by their source offset (whole ConsumerRecords)."""
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=bootstrap,
-        auto_offset_reset="earliest",
-        enable_auto_commit=False,
-        consumer_timeout_ms=30_000,
-    )
-    out: dict[int, Any] = {}
-    try:
-        for rec in consumer:
-            out[int(dict(rec.headers)[HEADER_OFFSET])] = rec
-            if len(out) >= want:
-                break
-    finally:
-        consumer.close()
-    return out
+    return {int(dict(rec.headers)[HEADER_OFFSET]): rec for rec in _records(bootstrap, topic, want)}
 
 
 TRACE = [("trace-id", b"4bf92f35"), ("content-type", b"application/msgpack")]
