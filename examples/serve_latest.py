@@ -22,7 +22,12 @@ def main(models: str) -> None:
 
     from streamer.input.simulator import SimulatorTask
 
-    version = max(int(v) for v in os.listdir(models) if v.isdigit())
+    versions = [int(v) for v in os.listdir(models) if v.isdigit()]
+    if not versions:
+        sys.exit(
+            f"no SavedModel version in {models} yet: the worker exports every --export-every-steps"
+        )
+    version = max(versions)
     serve = tf.saved_model.load(f"{models}/{version}").signatures["serving_default"]
     sample = SimulatorTask().sample(4, np.random.default_rng(0))
     (pred,) = serve(x=tf.constant(sample["x"])).values()

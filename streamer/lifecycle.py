@@ -289,8 +289,12 @@ class Lifecycle(Generic[StepT]):
         for part, off in held:
             if letters is None:
                 ack(part, off)
-            else:
-                letters.send_held(self.config.topic, part, off)
+                continue
+            # A partition revoked meanwhile is its next owner's: it reads these records
+            # again (they were never committed here); no letter of them from this worker.
+            mine = np.isin(part, list(self.metrics.assigned()))
+            if mine.any():
+                letters.send_held(self.config.topic, part[mine], off[mine])
 
     def _dead_letters(self) -> DeadLetterWriter | None:
         """The dead-letter writer, where the run has one (and its input is open)."""
@@ -351,11 +355,20 @@ class Lifecycle(Generic[StepT]):
                 context,
             )
         for p in caught_up:
+            seconds = time.monotonic() - self._behind_since.pop(p, time.monotonic())
+            if not self.metrics.is_assigned(p):
+                log.info(
+                    "partition %d of %s, left behind for %.0fs, is no longer assigned here",
+                    p,
+                    self.config.topic,
+                    seconds,
+                )
+                continue
             log.info(
                 "partition %d of %s trains again after %.0fs left behind",
                 p,
                 self.config.topic,
-                time.monotonic() - self._behind_since.pop(p, time.monotonic()),
+                seconds,
             )
         for p in fell:
             self._behind_since[p] = time.monotonic() - behind[p][0]

@@ -19,39 +19,50 @@ def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
-def _broker_running() -> bool:
-    return (
-        subprocess.run(
-            ["bash", str(KAFKA_SH), "status"], capture_output=True, timeout=60, check=False
-        ).returncode
-        == 0
-    )
-
-
-#: Whether the test broker ran before this session (decided once, by the controlling process).
-_BROKER_BEFORE: list[bool] = []
+#: Held shared by every test session of this checkout while it runs (its controlling
+#: process): the last one out stops the broker the tests started.
+_IN_USE = ROOT / ".local-kafka.inuse"
+#: Written by the session whose fixture started the broker (not one found running).
+_STARTED = ROOT / ".local-kafka.started-by-tests"
+_in_use: list[object] = []
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):  # the controller, not an xdist worker
-        _BROKER_BEFORE.append(_broker_running())
+    if hasattr(session.config, "workerinput"):  # an xdist worker: its controller holds it
+        return
+    fh = open(_IN_USE, "w")  # noqa: SIM115 - held until the session's end
+    fcntl.flock(fh, fcntl.LOCK_SH)
+    _in_use.append(fh)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Stop the test broker this session started (a run of a few tests must not leave a
-    400 MB JVM behind); one that ran before stays. STREAMER_KEEP_BROKER=1 keeps it for the next
-    run (faster when iterating), and says how to stop it."""
-    if hasattr(session.config, "workerinput") or not _BROKER_BEFORE or _BROKER_BEFORE[0]:
+    """Stop the test broker the tests started (a run of a few tests must not leave a 400 MB
+    JVM behind) once no other session of this checkout uses it; one started by hand stays.
+    STREAMER_KEEP_BROKER=1 keeps it for the next run (faster when iterating)."""
+    if hasattr(session.config, "workerinput") or not _in_use:
         return
-    if os.environ.get("KAFKA_BOOTSTRAP") or not _broker_running():
-        return
-    if os.environ.get("STREAMER_KEEP_BROKER", "") in ("1", "true", "yes"):
-        print(
-            "\nthe test broker stays up (STREAMER_KEEP_BROKER); stop it with "
-            "`bash deploy/local/kafka.sh stop`"
-        )
-        return
-    subprocess.run(["bash", str(KAFKA_SH), "stop"], capture_output=True, timeout=120, check=False)
+    fh = _in_use.pop()
+    try:
+        if not _STARTED.exists() or os.environ.get("KAFKA_BOOTSTRAP"):
+            return
+        if os.environ.get("STREAMER_KEEP_BROKER", "") in ("1", "true", "yes"):
+            print(
+                "\nthe test broker stays up (STREAMER_KEEP_BROKER); stop it with "
+                "`bash deploy/local/kafka.sh stop`"
+            )
+            return
+        try:  # another session of this checkout still runs: the last one out stops it
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # type: ignore[arg-type]
+        except BlockingIOError:
+            return
+        with open(ROOT / ".local-kafka.lock", "w") as lock:  # never during a start
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            subprocess.run(
+                ["bash", str(KAFKA_SH), "stop"], capture_output=True, timeout=120, check=False
+            )
+            _STARTED.unlink(missing_ok=True)
+    finally:
+        fh.close()  # type: ignore[attr-defined]
 
 
 @pytest.fixture(scope="session")
@@ -80,6 +91,8 @@ def kafka_bootstrap() -> Iterator[str]:
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)
     address = lines[-1]
+    if "starting Kafka" in proc.stderr:  # started here, not found running
+        _STARTED.touch()
     os.environ["KAFKA_BOOTSTRAP_STARTED"] = address
     yield address
     # Stopped at the session's end if the session started it (pytest_sessionfinish).

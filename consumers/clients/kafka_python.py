@@ -335,8 +335,11 @@ class RecordReader:
         self.settings = settings
         self.timeout_seconds = timeout_seconds
         self._consumer: Any = None
+        self._closed = False
 
     def _open(self) -> Any:
+        if self._closed:
+            raise RetriableClientError("the reader is closed")
         if self._consumer is None:
             protect(self.settings.security)
             cfg = consumer_config(self.settings, 0)
@@ -361,6 +364,7 @@ class RecordReader:
         found: dict[int, Original] = {}
         if not wanted:
             return found
+        wanted_set = set(wanted)
         consumer = self._open()
         tp = TopicPartition(self.settings.topic, partition)
         refused: list[RefusedBatch] = []
@@ -379,11 +383,14 @@ class RecordReader:
                     with internals.bounded_inflation(self.settings.inflate_bound, refused):
                         polled = consumer.poll(timeout_ms=500)
                     for r in polled.get(tp, ()):
-                        if wanted[i] <= r.offset <= wanted[-1]:
+                        if r.offset in wanted_set:
                             found[r.offset] = Original(
                                 r.key, r.value, list(r.headers or ()), r.timestamp
                             )
-                    position = consumer.position(tp)
+                    left_ms = max(1, int((deadline - time.monotonic()) * 1000))
+                    position = consumer.position(tp, timeout_ms=left_ms)
+                    if position is None:
+                        continue  # not known yet: the deadline above ends the wait
                     while i < len(wanted) and wanted[i] < position:
                         i += 1
                     if i < len(wanted) and wanted[i] - position > _READ_GAP:
@@ -400,6 +407,7 @@ class RecordReader:
         return {o: found[o] for o in wanted if o in found}
 
     def close(self) -> None:
+        self._closed = True
         if self._consumer is not None:
             with contextlib.suppress(Exception):
                 self._consumer.close(autocommit=False)
@@ -716,7 +724,8 @@ class KafkaPythonClient:
             return internals.cached_partitions(self.consumer, self.topic)
         for attempt in range(_METADATA_TRIES):
             try:
-                parts = self.consumer.partitions_for_topic(self.topic)
+                with internals.all_topics_flag_kept(self.consumer):
+                    parts = self.consumer.partitions_for_topic(self.topic)
             except (kerrors.KafkaConnectionError, kerrors.KafkaTimeoutError) as exc:
                 if attempt + 1 == _METADATA_TRIES:
                     raise RetriableClientError(

@@ -32,6 +32,7 @@ from consumers.clients.base import RefusedBatch, UnreadableBatchError
 __all__ = [
     "AUTH_ERRORS",
     "FailureWatch",
+    "all_topics_flag_kept",
     "await_commit",
     "await_join",
     "bounded_inflation",
@@ -108,6 +109,20 @@ def cached_partitions(consumer: Any, topic: str) -> frozenset[int] | None:
         return frozenset()  # unknown internals: never claim the topic is gone
     parts = cluster.partitions_for_topic(topic)
     return None if parts is None else frozenset(parts)
+
+
+@contextlib.contextmanager
+def all_topics_flag_kept(consumer: Any) -> Iterator[None]:
+    """kafka-python's ``partitions_for_topic`` sets the cluster's ``need_all_topic_metadata``
+    for its request and puts it back only when the request succeeds: one that failed (a dead
+    node) would leave every later refresh asking for every topic. Put back either way."""
+    cluster = getattr(consumer, "_cluster", None)
+    stash = getattr(cluster, "need_all_topic_metadata", None)
+    try:
+        yield
+    finally:
+        if cluster is not None and stash is not None:
+            cluster.need_all_topic_metadata = stash
 
 
 def last_metadata_refresh_ms(consumer: Any) -> int:

@@ -13,6 +13,8 @@ invalid) is written again without its value, so the source partition's commit po
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import heapq
 import itertools
 import logging
@@ -59,6 +61,9 @@ GONE = "SourceRecordGone"
 
 Done = Callable[[int, int], None]
 
+#: At most this many letters of one partition are read back from the source at once (their
+#: records are held until written: a bound on the memory a skipped step's batch takes).
+_LOOK_UP_MAX = 256
 #: Retries of a failed write wait 1 s, doubling to this.
 _MAX_RETRY_S = 30.0
 #: A failed write is logged at once, then at most once per this many seconds (with a count).
@@ -260,37 +265,56 @@ class DeadLetterWriter:
     # ---- the writer thread ----------------------------------------------------------------
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                letter = self._next_due()
-                while letter is None:
-                    if self._closing:
-                        return
-                    wait = self._retry[0].due - time.monotonic() if self._retry else None
-                    self._cond.wait(wait if wait is None else max(wait, 0.0))
-                    letter = self._next_due()
-            if self._reader is not None and not letter.looked_up:
-                try:
-                    self._look_up(letter)
-                except Exception as exc:  # the broker is down: the letter waits for a retry
-                    self._failed(letter, exc)
-                    continue
-            self._write(letter)
+        try:
+            while True:
+                with self._cond:
+                    letter = None if self._closing else self._next_due()
+                    while letter is None:
+                        if self._closing:
+                            return
+                        wait = self._retry[0].due - time.monotonic() if self._retry else None
+                        self._cond.wait(wait if wait is None else max(wait, 0.0))
+                        letter = None if self._closing else self._next_due()
+                if self._reader is not None and not letter.looked_up:
+                    group = self._look_up_group(letter)
+                    try:
+                        self._look_up(group)
+                    except Exception as exc:  # the broker is down: the letters wait a retry
+                        self._read_failed(group, exc)
+                        continue
+                self._write(letter)
+        finally:
+            # The reader is this thread's: closed here, never under a read in progress.
+            if self._reader is not None:
+                self._reader.close()
 
-    def _look_up(self, letter: _Letter) -> None:
-        """Read ``letter``'s record back from the source, with those of the letters queued for
-        the same partition (one read for a skipped step's batch)."""
+    def _look_up_group(self, letter: _Letter) -> list[_Letter]:
+        """``letter`` and the letters queued for the same partition that were not read back
+        yet, at most ``_LOOK_UP_MAX`` (one read for a skipped step's batch). Those waiting for
+        a retry of a failed read come along: they are queued again to be written."""
+        with self._cond:
+
+            def same(other: _Letter) -> bool:
+                return (
+                    not other.looked_up
+                    and other.partition == letter.partition
+                    and other.topic == letter.topic
+                )
+
+            pulled = [other for other in self._retry if same(other)]
+            if pulled:
+                taken = {id(other) for other in pulled}
+                self._retry = [other for other in self._retry if id(other) not in taken]
+                heapq.heapify(self._retry)
+                self._new.extend(pulled)
+            others = (other for other in self._new if same(other))
+            return [letter, *itertools.islice(others, _LOOK_UP_MAX - 1)]
+
+    def _look_up(self, group: list[_Letter]) -> None:
+        """Read the records of ``group`` (letters of one partition) back from the source."""
         reader = self._reader
         assert reader is not None
-        with self._cond:
-            group = [letter] + [
-                other
-                for other in self._new
-                if not other.looked_up
-                and other.partition == letter.partition
-                and other.topic == letter.topic
-            ]
-        found = reader.read(letter.partition, [other.offset for other in group])
+        found = reader.read(group[0].partition, [other.offset for other in group])
         with self._cond:
             for other in group:
                 other.looked_up = True
@@ -364,6 +388,22 @@ class DeadLetterWriter:
         future.add_callback(lambda _meta: self._written(letter))
         future.add_errback(lambda exc: self._failed(letter, exc))
 
+    def _read_failed(self, group: list[_Letter], exc: BaseException) -> None:
+        """The records of ``group`` could not be read back (the broker is down): every letter
+        of it waits for the same retry (a read each would wait its own timeout first)."""
+        with self._cond:
+            for other in group:
+                with contextlib.suppress(ValueError):  # the first one is off the queue
+                    self._new.remove(other)
+                other.attempts += 1
+                other.due = time.monotonic() + min(_MAX_RETRY_S, 2.0 ** (other.attempts - 1))
+                heapq.heappush(self._retry, other)
+            self.failed += 1
+            self._cond.notify_all()
+        self._report(
+            exc, f"{group[0].topic}/{group[0].partition}@{group[0].offset} (reading it back)"
+        )
+
     def _written(self, letter: _Letter) -> None:
         with self._cond:
             self.pending -= 1
@@ -402,6 +442,8 @@ class DeadLetterWriter:
                 self._backlog_bytes -= letter.size
                 letter.original_size, letter.error, letter.value = size, error, b""
                 letter.size = 0
+                if letter.original is not None:  # only its key is written: hold no more
+                    letter.original = dataclasses.replace(letter.original, value=None, headers=[])
                 letter.attempts, letter.due = 0, 0.0
                 self._new.append(letter)
                 self._cond.notify_all()
@@ -511,5 +553,3 @@ class DeadLetterWriter:
                 self.topic,
             )
         self._producer.close(timeout=min(timeout, 5.0) if not done else timeout)
-        if self._reader is not None:
-            self._reader.close()

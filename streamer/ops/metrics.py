@@ -138,6 +138,10 @@ class _PartitionState:
     #: Where this assignment starts when it does not start at the group's commit (a
     #: checkpoint's offset, --start-from's): the lag counts from here, not from the commit.
     start: int | None = None
+    #: The partition's end as the broker last listed it (ListOffsets, every 2 s): a polled
+    #: watermark below it is stale (a fetch that stalled reports no new one) and does not
+    #: count.
+    listed_end: int = 0
     #: When (monotonic) this partition last moved: a record of it trained, or nothing of it
     #: was waiting; since its assignment at first (``Metrics.left_behind``).
     moved_at: float = field(default_factory=time.monotonic)
@@ -470,6 +474,8 @@ class Metrics:
             state = self._partitions.get(partition)
             if state is None:
                 return
+            # Never below the end the broker listed: a stalled fetch's watermark is stale.
+            offset = max(offset, state.listed_end)
             state.high_watermark = offset
             self.partition_high_watermark.labels(self.topic, str(partition)).set(offset)
             self._update_lag(partition, state)
@@ -490,6 +496,7 @@ class Metrics:
             state = self._partitions.get(partition)
             if state is None:
                 return
+            state.listed_end = offset
             if offset > state.high_watermark:
                 state.high_watermark = offset
                 self._series(self.partition_high_watermark, partition, state).set(offset)
@@ -509,6 +516,15 @@ class Metrics:
         """Partitions assigned here now."""
         with self._lock:
             return len(self._partitions)
+
+    def assigned(self) -> frozenset[int]:
+        """The partitions assigned here now."""
+        with self._lock:
+            return frozenset(self._partitions)
+
+    def is_assigned(self, partition: int) -> bool:
+        with self._lock:
+            return partition in self._partitions
 
     def lag(self, partition: int) -> float:
         """Records of ``partition`` not trained yet; 0.0 for a partition not assigned."""

@@ -129,7 +129,10 @@ class Shell:
         deadline = time.monotonic() + seconds
         while True:
             proc, state, log = self.start(block)
-            proc.wait(60)
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"{block.name} still ran after 60s:\n{_tail(log)}")
             if self.finished(proc, state) == 0:
                 return
             if time.monotonic() > deadline:
@@ -163,8 +166,9 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, di
         PYTHONPATH=str(ROOT),
         TF_CPP_MIN_LOG_LEVEL="2",
     )
-    for name in ("KAFKA_BOOTSTRAP", "STREAMER_CONFIG"):
-        env.pop(name, None)
+    for name in list(env):  # a reader's shell has none of the suite's settings
+        if name == "KAFKA_BOOTSTRAP" or name.startswith("STREAMER_"):
+            env.pop(name)
     yield base, env
     subprocess.run(
         ["bash", str(ROOT / "deploy" / "local" / "kafka.sh"), "stop"],
@@ -211,7 +215,10 @@ def test_every_shell_block_of_the_page_runs_as_pasted(
                 time.sleep(max(0.0, stop_at - time.monotonic()))
                 assert proc.poll() is None, f"{block.name} ended before its Ctrl-C:\n{_tail(log)}"
                 os.killpg(proc.pid, signal.SIGINT)
-                proc.wait(120)
+                try:
+                    proc.wait(120)
+                except subprocess.TimeoutExpired:
+                    pytest.fail(f"{block.name} did not stop 120s after Ctrl-C:\n{_tail(log)}")
                 code = shell.finished(proc, state)
                 assert code == 0, f"{block.name} exited {code} after Ctrl-C:\n{_tail(log)}"
                 ran += 1

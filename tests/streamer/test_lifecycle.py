@@ -258,3 +258,23 @@ def test_a_partition_left_behind_is_warned_of_once_and_its_return_is_said(
     metrics.observe_trained([0], [10], [-1], 0.0)
     loop.watch_partitions()
     assert "partition 0 of t trains again after 3" in caplog.text
+
+
+def test_a_partition_left_behind_and_then_revoked_is_not_said_to_train_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = _loops()[0]
+    metrics = _metrics()
+    loop.parts = _parts(source=_Source(1), metrics=metrics)  # type: ignore[assignment]
+    metrics.partitions_assigned([0])
+    metrics.set_high_watermark(0, 50)
+    metrics._partitions[0].moved_at -= 31
+    caplog.set_level(logging.INFO, logger="streamer.lifecycle")
+    loop.watch_partitions()
+    assert "left behind: partition 0 of t, 50 records waiting" in caplog.text
+    assert "while no partition trains" in caplog.text
+    metrics.partitions_revoked([0])
+    loop.watch_partitions()
+    assert "partition 0 of t, left behind for 3" in caplog.text
+    assert "is no longer assigned here" in caplog.text
+    assert "trains again" not in caplog.text

@@ -111,3 +111,87 @@ def test_log_lines_are_rate_limited_but_every_reject_is_counted_and_handled(
     assert len(caplog.records) == 10
     assert len(explained) == 10  # only logged records are decoded again to explain them
     assert rejects.count == 100 and tracker.commit_points() == {0: 100}
+
+
+class _Sent:
+    """A producer's future that is acknowledged at once."""
+
+    def add_callback(self, fn: Any) -> _Sent:
+        fn(None)
+        return self
+
+    def add_errback(self, fn: Any) -> _Sent:
+        return self
+
+
+class _Producer:
+    def __init__(self, **_settings: Any) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    def send(self, topic: str, **record: Any) -> _Sent:
+        self.sent.append(record)
+        return _Sent()
+
+    def close(self, timeout: float = 0) -> None:
+        pass
+
+
+class _Reader:
+    """Reads back records of partition 0 (offset -> Original); fails its first ``fail`` reads."""
+
+    def __init__(self, fail: int) -> None:
+        from consumers.block import Original
+
+        self.fail = fail
+        self.reads: list[list[int]] = []
+        self.closed = False
+        self.records = {o: Original(b"k%d" % o, b"v%d" % o, [("h", b"1")], 5) for o in range(10)}
+
+    def read(self, partition: int, offsets: list[int]) -> dict[int, Any]:
+        self.reads.append(list(offsets))
+        if len(self.reads) <= self.fail:
+            raise RuntimeError("no broker")
+        return {o: self.records[o] for o in offsets if o in self.records}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_failed_read_back_retries_the_whole_batch_once_and_the_writer_closes_its_reader() -> None:
+    """A skipped step's records known by coordinates: one read for the batch; when it fails
+    (the broker is down) the whole batch waits for one retry (not a timed-out read per
+    letter), then each letter is the original record (key, value, headers, then ours)."""
+    import numpy as np
+
+    from streamer.input.deadletter import DeadLetterWriter
+
+    producers: list[_Producer] = []
+
+    def factory(**settings: Any) -> _Producer:
+        producers.append(_Producer(**settings))
+        return producers[-1]
+
+    done: list[tuple[int, int]] = []
+    reader = _Reader(fail=1)
+    writer = DeadLetterWriter(
+        "127.0.0.1:1",
+        "dlq",
+        on_done=lambda p, o: done.append((p, o)),
+        producer_factory=factory,
+        reader=reader,
+    )
+    try:
+        writer.send_held("src", np.zeros(3, np.int32), np.array([2, 3, 4], np.int64))
+        assert writer.flush(10), "letters still waiting"
+    finally:
+        writer.close(5)
+    assert reader.reads == [[2, 3, 4], [2, 3, 4]]  # one failed read of the batch, one retry
+    assert sorted(done) == [(0, 2), (0, 3), (0, 4)]
+    sent = producers[-1].sent
+    assert [(r["key"], r["value"]) for r in sent] == [
+        (b"k2", b"v2"),
+        (b"k3", b"v3"),
+        (b"k4", b"v4"),
+    ]
+    assert all(r["headers"][0] == ("h", b"1") for r in sent)
+    assert reader.closed and writer.failed == 1 and len(producers) == 1  # no new producer

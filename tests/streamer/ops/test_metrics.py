@@ -553,6 +553,8 @@ def test_an_end_above_the_polled_watermark_counts_as_waiting_and_leaves_the_part
     assert m.lag(0) == 60
     labels = {"topic": "t", "partition": "0"}
     assert registry.get_sample_value("streamer_partition_high_watermark_offset", labels) == 160
+    m.set_high_watermark(0, 100)  # the next poll reports the stale watermark again
+    assert m.lag(0) == 60
     later = time.monotonic() + 31
     assert m.left_behind(30, now=later) == {0: pytest.approx((31, 60), abs=1)}
     m.observe_trained([0], [120], [-1], 0.0)  # it trains again: its 30 s start over
