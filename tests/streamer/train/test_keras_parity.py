@@ -377,7 +377,12 @@ def test_steps_per_execution_reads_input_wait_and_step_time_per_step() -> None:
     data = _with_metadata(_regression_data())
 
     trainer = Trainer(bundle_for(km.build_string_loss(schema), schema, "test"))
-    iterator = iter(tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(_slowed(0.02)))
+    dataset = tf.data.Dataset.from_tensor_slices(data).batch(BATCH).map(_slowed(0.02))
+    # No prefetch injected after the map: it would prepare the next batch while the previous
+    # call returns, and the first step of the next call would wait less (16 ms, once in CI).
+    options = tf.data.Options()
+    options.experimental_optimization.inject_prefetch = False
+    iterator = iter(dataset.with_options(options))
     trainer.run_steps(iterator, 1, META)  # traced here
     out = trainer.run_steps(iterator, 6, META)
     assert out.steps == 6 and not out.ended
