@@ -90,6 +90,12 @@ class RejectBreaker:
                 return True
             return False
 
+    def undecided(self) -> bool:
+        """Fewer than ``min_records`` seen and not tripped: a reject now cannot be judged yet
+        (a first block of a few records all rejected may be a wrong schema)."""
+        with self._lock:
+            return self.enabled and not self.tripped and self._records < self.min_records
+
     def settle(self) -> None:
         """A pass ended with the breaker closed: the records seen so far are judged."""
         with self._lock:

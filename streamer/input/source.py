@@ -148,6 +148,9 @@ class StreamSource:
         )
         #: Trips when too many of the latest records are rejected (streamer.input.breaker).
         self.breaker = RejectBreaker(self.settings.max_reject_fraction)
+        #: Rejects the breaker could not judge yet (``_release_deferred``).
+        self._deferred: list[tuple[list[Any], np.ndarray, np.ndarray, list[tuple[int, str]]]] = []
+        self._deferred_lock = threading.Lock()
         #: Set when the breaker tripped: what the worker stops with.
         self.reject_limit: RejectLimitError | None = None
         self._stop = threading.Event()
@@ -470,11 +473,27 @@ class StreamSource:
             decoded = decode_block(self.schema, values, self.settings.decoder)
         kept = decoded.kept
         refused = [(int(partition[i]), int(offset[i]), r) for i, r in decoded.rejected]
-        if self.breaker.observe(len(values), refused):
-            self._trip()
-        if decoded.rejected:
+        tripped = self.breaker.observe(len(values), refused)
+        if decoded.rejected and not tripped and self.breaker.undecided():
+            # Not judged yet (fewer records than the breaker needs): neither dead-lettered nor
+            # done until it can say whether a wrong schema is eating the topic.
+            picked = [i for i, _ in decoded.rejected]
+            with self._deferred_lock:
+                self._deferred.append(
+                    (
+                        [values[i] for i in picked],
+                        partition[picked],
+                        offset[picked],
+                        [(j, r) for j, (_, r) in enumerate(decoded.rejected)],
+                    )
+                )
+        else:
             hold = self.breaker.tripped
-            self.rejects.handle(values, partition, offset, decoded.rejected, hold=hold)
+            self._release_deferred(hold)
+            if decoded.rejected:
+                self.rejects.handle(values, partition, offset, decoded.rejected, hold=hold)
+        if tripped:
+            self._trip()
         if self.metrics is not None:
             self.metrics.observe_decode(len(kept), decoded.reason_counts())
         out = [decoded.features[name] for name in self._names]
@@ -506,7 +525,18 @@ class StreamSource:
     def settle_rejects(self) -> None:
         """A pass ended with the breaker closed: the rejects so far are judged; commits may
         pass them."""
+        self._release_deferred(self.breaker.tripped)
         self.breaker.settle()
+
+    def _release_deferred(self, hold: bool) -> None:
+        """The rejects kept while the breaker could not judge them: handled now (``hold``: it
+        tripped, so they are only logged)."""
+        if not self._deferred:
+            return
+        with self._deferred_lock:
+            deferred, self._deferred = self._deferred, []
+        for values, partition, offset, rejected in deferred:
+            self.rejects.handle(values, partition, offset, rejected, hold=hold)
 
     # ---- commits and lifecycle -------------------------------------------------------------
 
