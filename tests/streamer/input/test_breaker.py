@@ -42,3 +42,18 @@ def test_one_turns_it_off() -> None:
 
 def test_capped_commit_points() -> None:
     assert capped({0: 100, 1: 5, 2: 9}, {0: 40, 2: 12}) == {0: 40, 1: 5, 2: 9}
+
+
+def test_rejects_are_undecided_until_the_breaker_has_seen_enough_records() -> None:
+    """A first block of one record, rejected, cannot be judged: the source keeps it (neither
+    dead-lettered nor done) until the breaker has seen ``min_records`` or tripped."""
+    b = RejectBreaker(0.5, window_records=100, min_records=20)
+    assert not b.observe(1, [(0, 0, "shape")])
+    assert b.undecided()
+    assert b.observe(19, [(0, o, "shape") for o in range(1, 20)])  # a wrong schema: tripped
+    assert not b.undecided()
+    ok = RejectBreaker(0.5, window_records=100, min_records=20)
+    ok.observe(1, [(0, 0, "format")])
+    ok.observe(19, [])  # 1 in 20: judged, not tripped
+    assert not ok.undecided() and not ok.tripped
+    assert not RejectBreaker(1.0).undecided()  # disabled: nothing waits
