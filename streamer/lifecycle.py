@@ -338,7 +338,7 @@ class Lifecycle(Generic[StepT]):
         if fell:
             if time.monotonic() - self._broker_down_at < LEFT_BEHIND_SECONDS:
                 context = "no broker answers"
-            elif len(behind) < self.metrics.assigned_count():
+            elif len(behind) < len(self.metrics.assigned()):
                 context = "other partitions train"
             else:
                 context = "no partition trains"

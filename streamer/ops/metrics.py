@@ -512,11 +512,6 @@ class Metrics:
             self.partition_position.labels(self.topic, str(partition)).set(offset)
             self._update_lag(partition, state)
 
-    def assigned_count(self) -> int:
-        """Partitions assigned here now."""
-        with self._lock:
-            return len(self._partitions)
-
     def assigned(self) -> frozenset[int]:
         """The partitions assigned here now."""
         with self._lock:
